@@ -1,0 +1,42 @@
+# NeuronFrontier-LM. `make speedrun` and `make test` are the two commands of the quick start.
+# Environment: inside an activated virtualenv (e.g. the Neuron SDK's torch-neuronx venv) we install into it
+# and never touch its torch; otherwise we create .venv (with system site-packages visible) and add the CPU
+# wheel torch==2.13.0 only if no torch is importable.
+PY      ?= python3
+VENV    ?= $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),.venv)
+BIN     := $(VENV)/bin
+BUDGET  ?= 300
+CONFIG  ?= cpu-tiny
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: install speedrun test sync-check nbtest pytest export clean-nbs bench help
+
+help:
+	@echo "make speedrun   # install, build data + tokenizer, train $(CONFIG) for $(BUDGET)s, print val_bpb"
+	@echo "make test       # notebooks/library in sync, nbdev-test, pytest"
+
+install: $(VENV)/.nf-installed
+
+$(VENV)/.nf-installed: pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $@
+
+speedrun: install
+	$(BIN)/neuronfrontier speedrun --config $(CONFIG) --budget $(BUDGET)
+
+export: install
+	$(BIN)/nbdev-export && $(BIN)/nbdev-clean
+
+# Fails if exporting/cleaning the notebooks changes any file: library and notebooks must match.
+sync-check: install
+	@bash tools/check_sync.sh $(BIN)
+
+nbtest: install
+	$(BIN)/nbdev-test --n_workers 2
+
+pytest: install
+	$(BIN)/python -m pytest -q -m "not slow and not neuron and not cuda"
+
+test: sync-check nbtest pytest
