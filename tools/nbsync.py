@@ -86,15 +86,12 @@ def build_nb(cells, old, name):
 
 def run_nb(path):
     "Execute the notebook in place with execnb (as nbdev-test does), skipping neuron/cuda cells."
-    from execnb.nbio import read_nb, write_nb
+    from fastcore.nbio import read_nb, write_nb
     from execnb.shell import CaptureShell
-    from nbdev.process import NBProcessor
     import os
-    skip = {'neuron', 'cuda'}
+    flag = re.compile(r'^#\|\s*(neuron|cuda)\s*$', re.M)
     nb = read_nb(path)
-    NBProcessor(path, nb=nb).process()  # parses `#|` directives into cell.directives_
-    def pre(c):
-        return c.cell_type != 'code' or bool(skip & set((getattr(c, 'directives_', {}) or {}).keys()))
+    def pre(c): return c.cell_type != 'code' or bool(flag.search(c.source))
     sh = CaptureShell()
     cwd = os.getcwd()
     sh._fname = path
@@ -105,8 +102,6 @@ def run_nb(path):
         print(sh.prettytb(fname=path), file=sys.stderr)
         raise SystemExit(1)
     finally: os.chdir(cwd)
-    for c in nb.cells:
-        if hasattr(c, 'directives_'): del c['directives_']
     write_nb(nb, path)
 
 
