@@ -34,7 +34,7 @@ sync-check: install
 	@bash tools/check_sync.sh $(BIN)
 
 nbtest: install
-	$(BIN)/nbdev-test --n_workers 2
+	$(BIN)/nbdev-test --n-workers 2
 
 pytest: install
 	$(BIN)/python -m pytest -q -m "not slow and not neuron and not cuda"

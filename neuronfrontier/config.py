@@ -100,8 +100,8 @@ class TrainConfig:
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
     dtype: str = "fp32"         # 'fp32' or 'bf16' autocast for matmuls (cuda/neuron)
     compile: bool = False       # torch.compile the model (compile time is charged to warm-up)
-    eval_tokens: int = 131072   # fixed number of validation tokens scored
-    eval_seq_len: int = 512     # fixed eval sequence length
+    eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
+    eval_seq_len: int = 512     # eval sequence length: the same for every preset
     eval_batch_size: int = 8
     log_every: int = 10
 
@@ -129,9 +129,9 @@ CONFIGS: dict[str, ModelConfig] = {
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
-    "dense-124m": TrainConfig(batch_size=32, eval_seq_len=2048, eval_tokens=524288, dtype="bf16"),
-    "cpu-tiny": TrainConfig(batch_size=16, eval_seq_len=256, eval_tokens=131072),
-    "cpu-micro": TrainConfig(batch_size=8, eval_seq_len=128, eval_tokens=16384, eval_batch_size=16),
+    "dense-124m": TrainConfig(batch_size=32, dtype="bf16"),
+    "cpu-tiny": TrainConfig(batch_size=16),
+    "cpu-micro": TrainConfig(batch_size=8),
 }
 
 # %% ../nbs/01_config.ipynb #cf979e66
@@ -168,15 +168,17 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
 RECIPES: dict[str, list[str]] = {
     "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false"],
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
+    "kit-eval": ["eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
 }
 
 def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
-    "Preset `config` + optional `recipe` + `--set` overrides → validated (ModelConfig, TrainConfig)."
+    "Preset `config` + optional recipe(s) (comma-separated) + `--set` overrides → validated (ModelConfig, TrainConfig)."
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}; choose one of: {', '.join(CONFIGS)}")
-    if recipe is not None and recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
-    m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], list(RECIPES.get(recipe, [])) + list(sets or ()))
+    names = [r.strip() for r in (recipe or "").split(",") if r.strip()]  # recipes combine: "frontier,kit-eval"
+    for r in names:
+        if r not in RECIPES: raise ValueError(f"unknown recipe {r!r}; choose one of: {', '.join(RECIPES)}")
+    m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
     return m.validate(), validate_train(t)
 
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:

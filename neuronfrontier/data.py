@@ -59,7 +59,7 @@ def write_shards(texts: list[str], out_dir: Path, n_shards: int = 8, seed: int =
     for i in range(n_shards):
         part = [texts[j] for j in order[i::n_shards]]
         p = out_dir / shard_name(i)
-        tmp = p.with_suffix(".parquet.tmp")
+        tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")  # unique per process: concurrent prepares never share a temp file
         pq.write_table(pa.table({"text": part}), tmp, compression="zstd", row_group_size=row_group_size)
         os.replace(tmp, p)
         paths.append(p)
@@ -108,10 +108,11 @@ def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path) -> Path:
     "Write `tokenizer.pkl` (pickled tiktoken Encoding) and `token_bytes.pt` into `out_dir`."
     import torch
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "tokenizer.pkl.tmp", "wb") as f: pickle.dump(enc, f)
-    torch.save(token_bytes_of(enc), out_dir / "token_bytes.pt.tmp")
-    os.replace(out_dir / "tokenizer.pkl.tmp", out_dir / "tokenizer.pkl")
-    os.replace(out_dir / "token_bytes.pt.tmp", out_dir / "token_bytes.pt")
+    sfx = f".tmp{os.getpid()}"
+    with open(out_dir / f"tokenizer.pkl{sfx}", "wb") as f: pickle.dump(enc, f)
+    torch.save(token_bytes_of(enc), out_dir / f"token_bytes.pt{sfx}")
+    os.replace(out_dir / f"token_bytes.pt{sfx}", out_dir / "token_bytes.pt")  # tokenizer.pkl last: its presence means done
+    os.replace(out_dir / f"tokenizer.pkl{sfx}", out_dir / "tokenizer.pkl")
     return out_dir
 
 def bos_id(enc: tiktoken.Encoding) -> int:
