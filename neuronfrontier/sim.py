@@ -96,7 +96,7 @@ def _norm_index(idx):
 
 def ds(start, size, step=1):
     "`nl.ds`: the dynamic slice start:start+size."
-    return slice(start, start + size * step, step)
+    return slice(start, start + size) if step == 1 else slice(start, start + size * step, step)
 
 # %% ../nbs/11_nki_sim.ipynb #333189f6
 @dataclass
@@ -726,7 +726,35 @@ def jit(fn=None, **kwargs):
     if isinstance(fn, Kernel): return fn
     return Kernel(fn, **kwargs)
 
+def _openblas():
+    "set/get thread-count functions of NumPy's bundled OpenBLAS, if found."
+    import glob, ctypes
+    for f in glob.glob(os.path.join(os.path.dirname(np.__file__), '..', 'numpy.libs', '*openblas*')):
+        try: lib = ctypes.CDLL(f)
+        except OSError: continue
+        for pre in ('scipy_openblas', 'openblas'):
+            for suf in ('64_', ''):
+                if hasattr(lib, f'{pre}_set_num_threads{suf}') and hasattr(lib, f'{pre}_get_num_threads{suf}'):
+                    return getattr(lib, f'{pre}_set_num_threads{suf}'), getattr(lib, f'{pre}_get_num_threads{suf}')
+    return None
+
+_BLAS = [0]
+
+class _one_blas_thread:
+    "Tile-sized GEMMs are far slower with a multi-threaded OpenBLAS (thread hand-off dominates): use one thread while simulating."
+    def __enter__(self):
+        if _BLAS[0] == 0: _BLAS[0] = _openblas()
+        self.n = None
+        if _BLAS[0]:
+            self.n = _BLAS[0][1]()
+            _BLAS[0][0](1)
+    def __exit__(self, *a):
+        if self.n: _BLAS[0][0](self.n)
+
 def _run(k, args, kwargs, hw=TRN2):
+    with _one_blas_thread(): return _run1(k, args, kwargs, hw)
+
+def _run1(k, args, kwargs, hw=TRN2):
     th = _torch()
     as_torch = th is not None and any(isinstance(a, th.Tensor) for a in list(args) + list(kwargs.values()))
     st = _State(hw, k.fn.__name__)

@@ -395,3 +395,31 @@ def test_high_level_ops_and_transpose_vector():
     m, xt = simulate(k)(x)
     np.testing.assert_allclose(m, np.exp(x).max(1, keepdims=True), rtol=1e-6)
     np.testing.assert_array_equal(xt, x.T)
+
+
+# ---------------------------------------------------------------- real-SDK detection
+def _probe(tmp_path, files):
+    import subprocess, sys, os
+    for rel, text in files.items():
+        f = tmp_path / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+    code = ('import neuronfrontier.sim as s; print(s.REAL_NKI, s.nl.__name__, s.nisa.__name__); '
+            'print(s.simulate(lambda: 0)() if s.REAL_NKI else "emu")')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.path.dirname(os.path.dirname(__file__))]))
+    env.pop('NEURONFRONTIER_SIM', None)
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_pypi_placeholder_nki_is_not_real(tmp_path):
+    assert _probe(tmp_path, {'nki/__init__.py': ''}) == ['False', 'nki.language', 'nki.isa', 'emu']
+
+
+def test_real_nki_is_used_when_importable(tmp_path):
+    out = _probe(tmp_path, {'nki/__init__.py': 'from . import isa, language\ndef jit(f): return f\n'
+                                                'def simulate(k): return lambda *a: "real-simulate"\n',
+                            'nki/isa.py': 'def nc_matmul(*a, **k): pass\n',
+                            'nki/language.py': ''})
+    assert out == ['True', 'nki.language', 'nki.isa', 'real-simulate']
