@@ -254,10 +254,10 @@ def _tick(op, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None):
     hw = st.hw
     if s > hw.sbuf_budget_pp:
         n = st.newest[sbuf]
-        _fail(op, f'live SBUF {s} bytes per partition exceeds the budget of {hw.sbuf_budget_pp} (newest tile {n[0]!r} shape {n[1]} {n[2]}); drop references to dead tiles or use smaller tiles')
+        _fail(op, f'live SBUF {s} bytes per partition exceeds the budget of {hw.sbuf_budget_pp} bytes (newest tile {n[0]!r} shape {n[1]} {n[2]}); drop references to dead tiles or use smaller tiles')
     if p > hw.psum_bytes_pp:
         n = st.newest[psum]
-        _fail(op, f'live PSUM {p} bytes per partition exceeds the {hw.psum_bytes_pp} bytes (8 banks of {hw.psum_bank_bytes}) (newest tile {n[0]!r} shape {n[1]} {n[2]})')
+        _fail(op, f'live PSUM {p} bytes per partition exceeds the limit of {hw.psum_bytes_pp} bytes, 8 banks of {hw.psum_bank_bytes} (newest tile {n[0]!r} shape {n[1]} {n[2]})')
     if s > tr.peak_sbuf_bytes: tr.peak_sbuf_bytes = s
     if p > tr.peak_psum_bytes: tr.peak_psum_bytes = p
     tr.timeline.append((len(tr.timeline), s, p))
@@ -386,12 +386,12 @@ def _as_op(op, where, kinds=None):
     return o
 
 # %% ../nbs/11_nki_sim.ipynb #b0f3b799
-def _dma(op, dst, src, rmw=None, fresh=None):
-    _check_tensor(op, 'src', src, onchip=False); _check_tensor(op, 'dst', dst, onchip=False)
-    for role, t in (('src', src), ('dst', dst)):
+def _dma(op, dst, src, rmw=None, fresh=None, names=('dst', 'src')):
+    _check_tensor(op, names[1], src, onchip=False); _check_tensor(op, names[0], dst, onchip=False)
+    for role, t in ((names[1], src), (names[0], dst)):
         if t.buffer is psum: _fail(op, f'{role} is in PSUM (shape {t.shape}); DMA cannot access PSUM, copy it to SBUF with nisa.tensor_copy first')
     if src.size != dst.size:
-        _fail(op, f'src shape {src.shape} and dst shape {dst.shape} hold different numbers of elements')
+        _fail(op, f'{names[1]} shape {src.shape} and {names[0]} shape {dst.shape} hold different numbers of elements')
     st = _st(); tr = st.trace
     if not src.buffer.onchip: tr.hbm_read_bytes += src.size * src.itemsize
     if not dst.buffer.onchip: tr.hbm_write_bytes += dst.size * dst.itemsize
@@ -416,7 +416,7 @@ def load(src, dtype=None, name='', **kwargs):
 def store(dst, value, **kwargs):
     "`nl.store`: DMA an SBUF tile into an HBM tensor."
     _check_tensor('nl.store', 'value', value, onchip=False)
-    _dma('nl.store', dst, value)
+    _dma('nl.store', dst, value, names=('dst', 'value'))
 
 def dma_copy(dst, src, dst_rmw_op=None, oob_mode=None, dge_mode=None, name=None, **kwargs):
     "`nisa.dma_copy`: copy `src` to `dst` by DMA (HBM/SBUF only); `dst_rmw_op=nl.add` accumulates into dst."

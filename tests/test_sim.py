@@ -262,7 +262,7 @@ def test_live_psum_limit():
     def body():
         tiles = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum, name=f'p{i}') for i in range(9)]
         nisa.memset(tiles[0], 0.0)
-    _trips(body, r"live PSUM 18432 bytes per partition exceeds the 16384 bytes \(8 banks of 2048\) \(newest tile 'p8' shape \(128, 512\) float32\)")
+    _trips(body, r"live PSUM 18432 bytes per partition exceeds the limit of 16384 bytes, 8 banks of 2048 \(newest tile 'p8' shape \(128, 512\) float32\)")
 
     def ok():  # 8 banks live, reused in a loop: fine
         for _ in range(20):
@@ -276,7 +276,7 @@ def test_live_sbuf_limit():
         a = nl.ndarray((128, 32 * 1024), dtype=nl.float32, buffer=nl.sbuf, name='a')    # 128 KiB per partition
         b = nl.ndarray((128, 24 * 1024), dtype=nl.float32, buffer=nl.sbuf, name='b')    # + 96 KiB
         nisa.memset(a, 0.0)
-    _trips(body, r"memset: live SBUF 229376 bytes per partition exceeds the budget of 196608 \(newest tile 'b' shape \(128, 24576\) float32\)")
+    _trips(body, r"memset: live SBUF 229376 bytes per partition exceeds the budget of 196608 bytes \(newest tile 'b' shape \(128, 24576\) float32\)")
     _trips(lambda: nl.ndarray((128, 64 * 1024), dtype=nl.float32, buffer=nl.sbuf),
            r'nl.ndarray: SBUF tensor .* needs 262144 bytes per partition, exceeding the SBUF budget of 196608 bytes')
 
@@ -290,7 +290,7 @@ def test_no_dma_from_psum():
     def body2(x):
         p = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
         nl.store(x, p)
-    _trips(body2, r'nl.store: src is in PSUM', np.zeros((128, 512), np.float32))
+    _trips(body2, r'nl.store: value is in PSUM \(shape \(128, 512\)\)', np.zeros((128, 512), np.float32))
 
 
 def test_engines_read_only_onchip():
