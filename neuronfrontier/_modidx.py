@@ -72,6 +72,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'neuronfrontier.sim._one_blas_thread.__exit__': ( 'nki_sim.html#_one_blas_thread.__exit__',
                                                                                       'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim._openblas': ('nki_sim.html#_openblas', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim._pe_transpose': ('nki_sim.html#_pe_transpose', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim._real_nki': ('nki_sim.html#_real_nki', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim._run': ('nki_sim.html#_run', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim._run1': ('nki_sim.html#_run1', 'neuronfrontier/sim.py'),

@@ -145,6 +145,7 @@ class _State:
         self.pid, self.grid = (0,), (1,)
         self.shared, self.shared_i = [], 0
         self.scalar_regs = np.zeros((128, 1), np.float32)
+        self.active = False
 
 _STATE = [None]      # the current call's state (None outside a kernel: a scratch state is used)
 _LAST = [None]       # the Trace of the latest call
@@ -435,23 +436,32 @@ class matmul_perf_mode:
     "`nisa.matmul_perf_mode`"
     none, double_row = 'none', 'double_row'
 
-def _count(eng, n, default='vector'):
+def _count(eng, n, default='vector', op=None, tensors=()):
+    "Engine work of `n` elements on `eng`; GpSimd cannot access PSUM."
     e = default if eng in (None, engine.unknown) else eng
+    if e == 'gpsimd':
+        for role, t in tensors:
+            if t.buffer is psum: _fail(op, f'GpSimd engine cannot access PSUM: operand {role} is in PSUM (shape {t.shape})')
     return dict(vec=n) if e == 'vector' else dict(act=n) if e == 'scalar' else dict(pool=n)
 
 def tensor_copy(dst, src, engine=None, name=None, **kwargs):
     "`nisa.tensor_copy`: copy (and cast) a tile within SBUF/PSUM."
     op = 'tensor_copy'
     _check_tensor(op, 'src', src); _check_tensor(op, 'dst', dst)
-    _write(op, dst, _f32(src))
-    _tick(op, **_count(engine, src.size))
+    cnt = _count(engine, src.size, op=op, tensors=(('src', src), ('dst', dst)))
+    if src.dtype == dst.dtype and src.size == dst.size and src.shape[0] == dst.shape[0]:
+        dst.data[...] = src.data.reshape(dst.shape)      # same dtype: bit-accurate copy
+        if dst.acc is not None: dst.acc[...] = False
+    else: _write(op, dst, _f32(src))                       # else through fp32
+    _tick(op, **cnt)
 
 def memset(dst, value, engine=None, name=None, **kwargs):
     "`nisa.memset`: fill a tile with a constant."
     op = 'memset'
     _check_tensor(op, 'dst', dst)
+    cnt = _count(engine, dst.size, op=op, tensors=(('dst', dst),))
     _write(op, dst, np.float32(value))
-    _tick(op, **_count(engine, dst.size))
+    _tick(op, **cnt)
 
 def _same_p(op, a, b, ra, rb):
     if a.shape[0] != b.shape[0]: _fail(op, f'operands {ra} {a.shape} and {rb} {b.shape} have different partition dimensions')
@@ -463,8 +473,9 @@ def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **kwargs):
     if data1.buffer is psum and data2.buffer is psum: _fail(w, f'data1 {data1.shape} and data2 {data2.shape} cannot both be in PSUM')
     if data1.size != data2.size: _fail(w, f'data1 shape {data1.shape} and data2 shape {data2.shape} differ')
     o = _as_op(op, w, ('arith', 'cmp', 'bitvec'))
+    cnt = _count(engine, data1.size, op=w, tensors=(('data1', data1), ('data2', data2), ('dst', dst)))
     _write(w, dst, o.fn(_f32(data1), _f32(data2).reshape(data1.shape)))
-    _tick(w, **_count(engine, data1.size))
+    _tick(w, **cnt)
 
 def _ts(op, x, o, v, rev):
     return o.fn(v, x) if rev else o.fn(x, v)
@@ -473,13 +484,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     "`nisa.tensor_scalar`: dst = (data <op0> operand0) <op1> operand1, operands scalars or (P, 1) vectors."
     w = 'tensor_scalar'
     _check_tensor(w, 'data', data); _check_tensor(w, 'dst', dst)
+    cnt = _count(engine, data.size, op=w, tensors=(('data', data), ('dst', dst)))
     P = data.shape[0]
     x = _f32(data)
     r = _ts(w, x, _as_op(op0, w), _bcast(_vecop(w, operand0, 'operand0', P), x.ndim), reverse0)
     if op1 is not None:
         r = _ts(w, r, _as_op(op1, w), _bcast(_vecop(w, operand1, 'operand1', P), x.ndim), reverse1)
     _write(w, dst, r)
-    _tick(w, **_count(engine, data.size))
+    _tick(w, **cnt)
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None, **kwargs):
     "`nisa.scalar_tensor_tensor`: dst = (data <op0> operand0) <op1> operand1, operand0 scalar/(P,1), operand1 a tile like data."
@@ -574,7 +586,7 @@ def iota(dst, pattern, offset, channel_multiplier=0, name=None, **kwargs):
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, name=None, **kwargs):
     "`nisa.affine_select`: dst = on_true_tile where cmp_op(affine value, 0) else on_false_value."
     w = 'affine_select'
-    _check_tensor(w, 'on_true_tile', on_true_tile); _check_tensor(w, 'dst', dst)
+    _check_tensor(w, 'on_true_tile', on_true_tile, bufs=(sbuf,)); _check_tensor(w, 'dst', dst, bufs=(sbuf,))
     if on_true_tile.size != dst.size: _fail(w, f'on_true_tile shape {on_true_tile.shape} differs from dst shape {dst.shape}')
     o = _as_op(cmp_op if cmp_op is not None else 'equal', w, ('cmp',))
     P = on_true_tile.shape[0]
@@ -592,7 +604,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     w = 'nc_matmul'
     _check_tensor(w, 'stationary', stationary, bufs=(sbuf,)); _check_tensor(w, 'moving', moving, bufs=(sbuf,))
     _check_tensor(w, 'dst', dst, bufs=(psum,))
-    if is_transpose: raise NotImplementedError('nc_matmul(is_transpose=True) is not simulated; use nisa.nc_transpose')
+    if is_transpose: return _pe_transpose(w, dst, stationary, moving)
     if perf_mode not in (None, 'none'): raise NotImplementedError('nc_matmul perf_mode=double_row is not simulated')
     K, M, N = stationary.shape[0], _free_size(stationary), _free_size(moving)
     if moving.shape[0] != K:
@@ -619,22 +631,38 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     acc[...] = True
     _tick(w, flops=2 * K * M * N, pe=N * (4 if ds_ == 'float32' else 1))
 
+def _pe_transpose(w, dst, data, identity):
+    "TensorEngine transpose: stationary `data` (K, M) times an identity moving (K, K) -> dst (M, K), bit-accurate."
+    K, M = data.shape[0], _free_size(data)
+    if M > 128: _fail(w, f'data free size {M} exceeds the TensorEngine transpose limit of 128 (shape {data.shape})')
+    if identity is not None and (identity.shape[0] != K or _free_size(identity) != K):
+        _fail(w, f'is_transpose needs an identity moving operand of shape ({K}, {K}), got {identity.shape}')
+    if dst.dtype != data.dtype:
+        _fail(w, f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape {dst.shape})')
+    if dst.shape[0] != M or _free_size(dst) != K: _fail(w, f'dst shape {dst.shape} must be ({M}, {K}) for data {data.shape}')
+    if identity is not None and not np.array_equal(_f32(identity).reshape(K, K), np.eye(K, dtype=np.float32)):
+        r = _f32(data).reshape(K, M).T @ _f32(identity).reshape(K, K)   # not an identity: a plain product
+    else: r = data.data.reshape(K, M).T
+    dst.data[...] = r.reshape(dst.shape)
+    dst.acc[...] = False
+    _tick(w, pe=K * (4 if _dtname(data.dtype) == 'float32' else 1))
+
 def nc_transpose(dst, data, engine=None, name=None, **kwargs):
     "`nisa.nc_transpose`: dst = data.T (partition <-> free); TensorEngine (SBUF -> PSUM, ≤128x128) or Vector engine (≤32x32)."
     w = 'nc_transpose'
     _check_tensor(w, 'data', data); _check_tensor(w, 'dst', dst)
     P, F = data.shape[0], _free_size(data)
     eng = engine if engine not in (None, 'unknown') else ('tensor' if dst.buffer is psum else 'vector')
-    if eng == 'vector':
-        if P > 32 or F > 32: _fail(w, f'Vector engine transposes at most 32x32, data shape {data.shape}')
-    else:
+    if eng != 'vector':
         if data.buffer is not sbuf: _fail(w, f'TensorEngine transpose reads SBUF, data is in {data.buffer.name.upper()} (shape {data.shape})')
         if dst.buffer is not psum: _fail(w, f'TensorEngine transpose writes PSUM, dst is in {dst.buffer.name.upper()} (shape {dst.shape})')
-        if F > 128: _fail(w, f'data free size {F} exceeds the TensorEngine transpose limit of 128 (shape {data.shape})')
+        return _pe_transpose(w, dst, data, None)
+    if P > 32 or F > 32: _fail(w, f'Vector engine transposes at most 32x32, data shape {data.shape}')
+    if dst.dtype != data.dtype:
+        _fail(w, f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape {dst.shape})')
     if dst.shape[0] != F or _free_size(dst) != P: _fail(w, f'dst shape {dst.shape} must be ({F}, {P}) for data {data.shape}')
-    _write(w, dst, _f32(data).reshape(P, F).T)
-    if eng == 'vector': _tick(w, vec=data.size)
-    else: _tick(w, pe=P)
+    _write(w, dst, data.data.reshape(P, F).T)
+    _tick(w, vec=data.size)
 
 # %% ../nbs/11_nki_sim.ipynb #4266e515
 def program_id(axis=0):
@@ -717,7 +745,9 @@ class Kernel:
     def __getitem__(self, grid):
         if isinstance(grid, (int, np.integer)): grid = (int(grid),)
         return Kernel(self.fn, tuple(int(g) for g in grid), **self.opts)
-    def __call__(self, *args, **kwargs): return _run(self, args, kwargs)
+    def __call__(self, *args, **kwargs):
+        if _STATE[0] is not None and _STATE[0].active: return self.fn(*args, **kwargs)  # a kernel calling a kernel
+        return _run(self, args, kwargs)
     def __repr__(self): return f'<nki.jit kernel {self.fn.__name__}{list(self.grid) if self.grid else ""}>'
 
 def jit(fn=None, **kwargs):
@@ -758,6 +788,7 @@ def _run1(k, args, kwargs, hw=TRN2):
     th = _torch()
     as_torch = th is not None and any(isinstance(a, th.Tensor) for a in list(args) + list(kwargs.values()))
     st = _State(hw, k.fn.__name__)
+    st.active = True
     prev, _STATE[0] = _STATE[0], st
     t0 = time.perf_counter()
     wbs = []

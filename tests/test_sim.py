@@ -104,7 +104,7 @@ def transpose_kernel(x):
     for i in nl.affine_range(P // 128):
         for j in nl.affine_range(F // 128):
             t = nl.load(x[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128])
-            tp = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+            tp = nl.ndarray((128, 128), dtype=x.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=tp, data=t)
             ts = nl.ndarray((128, 128), dtype=x.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=ts, src=tp)
@@ -423,3 +423,48 @@ def test_real_nki_is_used_when_importable(tmp_path):
                             'nki/isa.py': 'def nc_matmul(*a, **k): pass\n',
                             'nki/language.py': ''})
     assert out == ['True', 'nki.language', 'nki.isa', 'real-simulate']
+
+
+def test_transpose_rules_and_is_transpose():
+    def wrong_dtype():
+        t = nl.zeros((128, 64), dtype=nl.bfloat16)
+        p = nl.ndarray((64, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=p, data=t)
+    _trips(wrong_dtype, r'nc_transpose: transpose output dtype float32 must equal the input dtype bfloat16 \(dst shape \(64, 128\)\)')
+
+    def gpsimd_psum():
+        p = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)
+        s = nl.ndarray((128, 64), dtype=nl.float32)
+        nisa.tensor_copy(dst=s, src=p, engine=nisa.engine.gpsimd)
+    _trips(gpsimd_psum, r'tensor_copy: GpSimd engine cannot access PSUM: operand src is in PSUM \(shape \(128, 64\)\)')
+
+    @nki.jit
+    def k(x, ident):
+        t, i = nl.load(x), nl.load(ident)
+        p = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.psum)
+        nisa.nc_matmul(p, t, i, is_transpose=True)
+        o = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.shared_hbm)
+        s = nl.ndarray((64, 128), dtype=x.dtype)
+        nisa.tensor_copy(s, p)
+        nl.store(o, s)
+        return o
+    x = rng.standard_normal((128, 64)).astype(bf16)
+    x[0, 0] = np.nan
+    r = simulate(k)(x, np.eye(128, dtype=bf16))
+    np.testing.assert_array_equal(r.view(np.uint16), x.T.view(np.uint16))   # bit-accurate, NaN included
+
+
+def test_kernel_calling_kernel():
+    @nki.jit
+    def inner(x):
+        t = nl.load(x)
+        y = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(y, t)
+        return y
+
+    @nki.jit
+    def outer(x):
+        return inner(x)
+    x = rng.standard_normal((128, 8), dtype=np.float32)
+    np.testing.assert_array_equal(simulate(outer)(x), x)
+    assert last_trace().kernel == 'outer' and last_trace().dma_count == 2
