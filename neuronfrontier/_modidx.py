@@ -108,6 +108,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'neuronfrontier.sim.ndarray': ('nki_sim.html#ndarray', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.num_programs': ('nki_sim.html#num_programs', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.ones': ('nki_sim.html#ones', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim.par_dim': ('nki_sim.html#par_dim', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.program_id': ('nki_sim.html#program_id', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.program_ndim': ('nki_sim.html#program_ndim', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.reciprocal': ('nki_sim.html#reciprocal', 'neuronfrontier/sim.py'),

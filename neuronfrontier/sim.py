@@ -11,13 +11,8 @@ import ml_dtypes
 from .hw import TRN2, estimate_time, KiB
 
 # %% auto #0
-__all__ = ['sbuf', 'psum', 'hbm', 'shared_hbm', 'private_hbm', 'emu_nl', 'emu_nisa', 'emu_nki', 'REAL_NKI', 'NKIConstraintError',
-           'NkiTensor', 'ds', 'Trace', 'last_trace', 'ndarray', 'zeros', 'ones', 'full', 'zeros_like', 'empty_like',
-           'load', 'store', 'dma_copy', 'engine', 'reduce_cmd', 'matmul_perf_mode', 'tensor_copy', 'memset',
-           'tensor_tensor', 'tensor_scalar', 'scalar_tensor_tensor', 'reciprocal', 'tensor_reduce', 'activation',
-           'activation_reduce', 'iota', 'affine_select', 'nc_matmul', 'nc_transpose', 'program_id', 'num_programs',
-           'program_ndim', 'affine_range', 'sequential_range', 'static_range', 'device_print', 'tile_size', 'Kernel',
-           'jit', 'simulate']
+__all__ = ['emu_nl', 'emu_nisa', 'emu_nki', 'REAL_NKI', 'NKIConstraintError', 'Trace', 'last_trace', 'nki', 'nl', 'nisa',
+           'simulate', 'NkiTensor', 'estimate_time']
 
 # %% ../nbs/11_nki_sim.ipynb #f13ba366
 class NKIConstraintError(ValueError):
@@ -678,6 +673,10 @@ def num_programs(axis=None):
 
 def program_ndim(): return len(_st().grid)
 
+def par_dim(n):
+    "`nl.par_dim` (older NKI shape annotation): just the size."
+    return n
+
 def affine_range(*a, **k): return range(*a)
 def sequential_range(*a, **k): return range(*a)
 def static_range(*a, **k): return range(*a)
@@ -822,12 +821,14 @@ def simulate(kernel):
     return run
 
 # %% ../nbs/11_nki_sim.ipynb #bee2dc50
-_NL_NAMES = ['ndarray', 'zeros', 'ones', 'full', 'zeros_like', 'empty_like', 'load', 'store', 'ds', 'program_id',
+_NL_NAMES = ['par_dim', 'ndarray', 'zeros', 'ones', 'full', 'zeros_like', 'empty_like', 'load', 'store', 'ds', 'program_id',
              'num_programs', 'program_ndim', 'affine_range', 'sequential_range', 'static_range', 'device_print', 'tile_size',
              'sbuf', 'psum', 'hbm', 'shared_hbm', 'private_hbm']
 _NISA_NAMES = ['dma_copy', 'tensor_copy', 'memset', 'nc_matmul', 'nc_transpose', 'activation', 'activation_reduce',
                'tensor_reduce', 'tensor_tensor', 'tensor_scalar', 'scalar_tensor_tensor', 'reciprocal', 'iota',
                'affine_select', 'engine', 'reduce_cmd', 'matmul_perf_mode']
+
+_all_ = ['nki', 'nl', 'nisa', 'simulate', 'NkiTensor', 'estimate_time']
 
 def _module(name, attrs, doc):
     m = types.ModuleType(name, doc)
