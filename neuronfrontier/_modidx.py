@@ -122,6 +122,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'neuronfrontier.sim.tensor_copy': ('nki_sim.html#tensor_copy', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.tensor_reduce': ('nki_sim.html#tensor_reduce', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.tensor_scalar': ('nki_sim.html#tensor_scalar', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim.tensor_scalar_reduce': ( 'nki_sim.html#tensor_scalar_reduce',
+                                                                                 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.tensor_tensor': ('nki_sim.html#tensor_tensor', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.tile_size': ('nki_sim.html#tile_size', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.zeros': ('nki_sim.html#zeros', 'neuronfrontier/sim.py'),

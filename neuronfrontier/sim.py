@@ -488,6 +488,20 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     _write(w, dst, r)
     _tick(w, **cnt)
 
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None, **kwargs):
+    "`nisa.tensor_scalar_reduce`: dst = data <op0> operand0, and reduce_res = reduce_op of dst along the free axes (Vector engine)."
+    w = 'tensor_scalar_reduce'
+    _check_tensor(w, 'data', data); _check_tensor(w, 'dst', dst); _check_tensor(w, 'reduce_res', reduce_res)
+    P = data.shape[0]
+    if reduce_res.shape[0] != P or _free_size(reduce_res) != 1: _fail(w, f'reduce_res must have shape ({P}, 1), got {reduce_res.shape}')
+    x = _f32(data)
+    r = _ts(w, x, _as_op(op0, w, ('arith',)), _bcast(_vecop(w, operand0, 'operand0', P), x.ndim), reverse0)
+    ro = _as_op(reduce_op, w, ('arith',))
+    if ro.reduce is None: raise TypeError(f'{w}: reduce_op {ro!r} is not a reduction')
+    _write(w, dst, r)
+    _write(w, reduce_res, ro.reduce(r.reshape(P, -1), axis=1, keepdims=True), 'reduce_res')
+    _tick(w, vec=data.size)
+
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None, **kwargs):
     "`nisa.scalar_tensor_tensor`: dst = (data <op0> operand0) <op1> operand1, operand0 scalar/(P,1), operand1 a tile like data."
     w = 'scalar_tensor_tensor'
@@ -825,7 +839,7 @@ _NL_NAMES = ['par_dim', 'ndarray', 'zeros', 'ones', 'full', 'zeros_like', 'empty
              'num_programs', 'program_ndim', 'affine_range', 'sequential_range', 'static_range', 'device_print', 'tile_size',
              'sbuf', 'psum', 'hbm', 'shared_hbm', 'private_hbm']
 _NISA_NAMES = ['dma_copy', 'tensor_copy', 'memset', 'nc_matmul', 'nc_transpose', 'activation', 'activation_reduce',
-               'tensor_reduce', 'tensor_tensor', 'tensor_scalar', 'scalar_tensor_tensor', 'reciprocal', 'iota',
+               'tensor_reduce', 'tensor_tensor', 'tensor_scalar', 'tensor_scalar_reduce', 'scalar_tensor_tensor', 'reciprocal', 'iota',
                'affine_select', 'engine', 'reduce_cmd', 'matmul_perf_mode']
 
 _all_ = ['nki', 'nl', 'nisa', 'simulate', 'NkiTensor', 'estimate_time']

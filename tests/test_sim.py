@@ -468,3 +468,26 @@ def test_kernel_calling_kernel():
     x = rng.standard_normal((128, 8), dtype=np.float32)
     np.testing.assert_array_equal(simulate(outer)(x), x)
     assert last_trace().kernel == 'outer' and last_trace().dma_count == 2
+
+
+def test_tensor_scalar_reduce_one_hot_gather():
+    "The cross-entropy gather: one-hot of the target column by iota == target, then a sum of logits * one-hot."
+    @nki.jit
+    def k(logits, target):
+        P, V = logits.shape
+        x, tg = nl.load(logits), nl.load(target)
+        col = nl.ndarray((P, V), dtype=nl.int32)
+        nisa.iota(dst=col, pattern=[[1, V]], offset=0)
+        onehot = nl.ndarray((P, V), dtype=nl.float32)
+        nisa.tensor_scalar(dst=onehot, data=col, op0=nl.equal, operand0=tg)
+        prod = nl.ndarray((P, V), dtype=nl.float32)
+        nisa.tensor_tensor(dst=prod, data1=x, data2=onehot, op=nl.multiply)
+        junk = nl.ndarray((P, V), dtype=nl.float32)
+        picked = nl.ndarray((P, 1), dtype=nl.float32)
+        nisa.tensor_scalar_reduce(dst=junk, data=prod, op0=nl.multiply, operand0=1.0, reduce_op=nl.add, reduce_res=picked)
+        out = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, picked)
+        return out
+    logits = rng.standard_normal((128, 512), dtype=np.float32)
+    target = rng.integers(0, 512, (128, 1)).astype(np.int32)
+    np.testing.assert_allclose(simulate(k)(logits, target)[:, 0], logits[np.arange(128), target[:, 0]], rtol=1e-6)
