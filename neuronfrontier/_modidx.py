@@ -26,6 +26,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                   'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.NkiTensor.reshape': ('nki_sim.html#nkitensor.reshape', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.Trace': ('nki_sim.html#trace', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim.Trace.__add__': ('nki_sim.html#trace.__add__', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim.Trace.__radd__': ('nki_sim.html#trace.__radd__', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.Trace.estimate': ('nki_sim.html#trace.estimate', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.Trace.hbm_bytes': ('nki_sim.html#trace.hbm_bytes', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.Trace.n_instructions': ( 'nki_sim.html#trace.n_instructions',

@@ -110,13 +110,24 @@ class Trace:
     gpsimd_elems: int = 0
     dma_count: int = 0
     instructions: dict = field(default_factory=dict)
-    timeline: list = field(default_factory=list)   # (instruction index, live SBUF B/partition, live PSUM B/partition)
+    timeline: list = field(default_factory=list, repr=False)  # (instruction index, live SBUF B/partition, live PSUM B/partition)
     wall_s: float = 0.0           # host seconds the simulation took
 
     @property
     def hbm_bytes(self): return self.hbm_read_bytes + self.hbm_write_bytes
     @property
     def n_instructions(self): return sum(self.instructions.values())
+
+    def __add__(self, o):
+        "Two calls back to back (e.g. the kernels of one training step): counters add, peaks take the maximum."
+        ins = dict(self.instructions)
+        for k, v in o.instructions.items(): ins[k] = ins.get(k, 0) + v
+        add = lambda f: getattr(self, f) + getattr(o, f)
+        return Trace(kernel=f'{self.kernel}+{o.kernel}', grid=(), instructions=ins, wall_s=add('wall_s'),
+                     peak_sbuf_bytes=max(self.peak_sbuf_bytes, o.peak_sbuf_bytes), peak_psum_bytes=max(self.peak_psum_bytes, o.peak_psum_bytes),
+                     **{f: add(f) for f in ('hbm_read_bytes', 'hbm_write_bytes', 'tensor_flops', 'pe_cycles', 'vector_elems',
+                                            'scalar_elems', 'gpsimd_elems', 'dma_count')})
+    def __radd__(self, o): return self if o == 0 else self.__add__(o)   # sum(traces)
 
     def estimate(self, hw=TRN2, cores=1):
         "Roofline estimate (seconds) of this trace on `cores` NeuronCores; see `neuronfrontier.hw.estimate_time`."

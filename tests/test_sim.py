@@ -491,3 +491,14 @@ def test_tensor_scalar_reduce_one_hot_gather():
     logits = rng.standard_normal((128, 512), dtype=np.float32)
     target = rng.integers(0, 512, (128, 1)).astype(np.int32)
     np.testing.assert_allclose(simulate(k)(logits, target)[:, 0], logits[np.arange(128), target[:, 0]], rtol=1e-6)
+
+
+def test_trace_sum():
+    x = rng.standard_normal((256, 64), dtype=np.float32)
+    simulate(copy_kernel)(x); t1 = last_trace()
+    simulate(spmd_add[2])(x, x); t2 = last_trace()
+    t = sum([t1, t2])
+    assert t.hbm_read_bytes == t1.hbm_read_bytes + t2.hbm_read_bytes == 256 * 64 * 4 * 3
+    assert t.dma_count == 4 + 6 and t.peak_sbuf_bytes == max(t1.peak_sbuf_bytes, t2.peak_sbuf_bytes)
+    assert t.instructions['nl.load'] == 2 + 4
+    assert 'timeline' not in repr(t)
