@@ -385,9 +385,11 @@ _OPS = {o.name: o for o in _OPS}
 def _as_op(op, where, kinds=None):
     if isinstance(op, _Op): o = op
     elif isinstance(op, str) and op in _OPS: o = _OPS[op]
-    elif op in (np.add, np.subtract, np.multiply, np.maximum, np.minimum, np.exp, np.tanh, np.square):
-        o = _OPS[{np.add: 'add', np.subtract: 'subtract', np.multiply: 'multiply', np.maximum: 'maximum',
-                  np.minimum: 'minimum', np.exp: 'exp', np.tanh: 'tanh', np.square: 'square'}[op]]
+    elif getattr(op, '__module__', None) == 'numpy' or isinstance(op, np.ufunc):   # np.add, np.max, ... (older samples)
+        n = getattr(op, '__name__', '')
+        n = {'amax': 'max', 'amin': 'min', 'true_divide': 'divide', 'sum': 'add', 'prod': 'multiply'}.get(n, n)
+        if n not in _OPS: raise TypeError(f'{where}: unsupported operator {op!r}')
+        o = _OPS[n]
     else: raise TypeError(f'{where}: unsupported operator {op!r}')
     if kinds and o.kind not in kinds: raise TypeError(f'{where}: operator {o!r} is not one of the {"/".join(kinds)} operators')
     return o
