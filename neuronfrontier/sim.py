@@ -150,7 +150,7 @@ class _State:
         self.newest = {sbuf: None, psum: None}
         self.pid, self.grid = (0,), (1,)
         self.shared, self.shared_i = [], 0
-        self.scalar_regs = np.zeros((128, 1), np.float32)
+        self.scalar_regs = np.full((128, 1), np.nan, np.float32)
         self.active = False
 
 _STATE = [None]      # the current call's state (None outside a kernel: a scratch state is used)
@@ -562,21 +562,18 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if b is not None: y = y + b
     y = o.fn(y.astype(np.float32, copy=False))
     _write(w, dst, y)
-    st = _st()
+    if reduce_op is not None and _as_op(reduce_op, w).name not in ('add', 'sum'):
+        _fail(w, f'reduce_op {reduce_op!r} is not supported: the Scalar engine accumulators only add (data shape {data.shape})')
     cmd = reduce_cmd or 'idle'
-    if reduce_res is not None and cmd == 'idle': cmd = 'reset_reduce'  # giving reduce_res asks for this result's reduction
-    if cmd != 'idle' or reduce_res is not None:
-        if reduce_op is not None and _as_op(reduce_op, w).name not in ('add', 'sum'):
-            _fail(w, f'reduce_op {reduce_op!r} is not supported: the Scalar engine accumulators only add (data shape {data.shape})')
-        red = y.reshape(P, -1).sum(axis=1, keepdims=True, dtype=np.float32)
-        regs = st.scalar_regs
-        if cmd in ('reset', 'reset_reduce'): regs[:P] = 0
-        if cmd in ('reduce', 'reset_reduce'): regs[:P] += red
-        if reduce_res is not None:
-            _check_tensor(w, 'reduce_res', reduce_res)
-            if reduce_res.shape[0] != P or _free_size(reduce_res) != 1:
-                _fail(w, f'reduce_res must have shape ({P}, 1), got {reduce_res.shape}')
-            _write(w, reduce_res, regs[:P], 'reduce_res')
+    if cmd == 'load_reduce': raise NotImplementedError('activation: reduce_cmd=load_reduce is not simulated')
+    regs = _st().scalar_regs   # 128 fp32 accumulator registers, NaN until first reset (like unwritten memory)
+    if cmd in ('reset', 'reset_reduce'): regs[:P] = 0
+    if cmd in ('reduce', 'reset_reduce'): regs[:P] += y.reshape(P, -1).sum(axis=1, keepdims=True, dtype=np.float32)
+    if reduce_res is not None:   # reads the registers out (with reduce_cmd=idle: without this instruction's sums)
+        _check_tensor(w, 'reduce_res', reduce_res)
+        if reduce_res.shape[0] != P or _free_size(reduce_res) != 1:
+            _fail(w, f'reduce_res must have shape ({P}, 1), got {reduce_res.shape}')
+        _write(w, reduce_res, regs[:P], 'reduce_res')
     _tick(w, act=data.size)
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **kwargs):

@@ -50,7 +50,8 @@ def softmax_causal_kernel(scores, bias):
     nisa.scalar_tensor_tensor(dst=nbias, data=mx, op0=nl.multiply, operand0=0.5, op1=nl.add, operand1=b)
     e = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
     ssum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e, op=nl.exp, data=masked, bias=nbias, scale=0.5, reduce_op=nl.add, reduce_res=ssum)
+    nisa.activation(dst=e, op=nl.exp, data=masked, bias=nbias, scale=0.5, reduce_op=nl.add, reduce_res=ssum,
+                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
     ssum2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_reduce(dst=ssum2, op=nl.add, data=e, axis=1, keepdims=True)
     rs = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -502,3 +503,25 @@ def test_trace_sum():
     assert t.dma_count == 4 + 6 and t.peak_sbuf_bytes == max(t1.peak_sbuf_bytes, t2.peak_sbuf_bytes)
     assert t.instructions['nl.load'] == 2 + 4
     assert 'timeline' not in repr(t)
+
+
+def test_activation_accumulator_registers():
+    @nki.jit
+    def k(x):
+        t = nl.load(x)
+        y = nl.ndarray(x.shape, dtype=nl.float32)
+        r = nl.ndarray((x.shape[0], 4), dtype=nl.float32)
+        nisa.activation(dst=y, op=nl.copy, data=t, reduce_res=r[:, 0:1])                      # idle: registers unwritten
+        nisa.activation(dst=y, op=nl.copy, data=t, reduce_cmd=nisa.reduce_cmd.reset_reduce)  # regs = row sums
+        nisa.activation(dst=y, op=nl.square, data=t, reduce_cmd=nisa.reduce_cmd.reduce, reduce_res=r[:, 1:2])
+        nisa.activation(dst=y, op=nl.copy, data=t, reduce_res=r[:, 2:3])                      # idle: read only
+        nisa.activation_reduce(dst=y, op=nl.copy, data=t, reduce_op=nl.add, reduce_res=r[:, 3:4])
+        o = nl.ndarray(r.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(o, r)
+        return o
+    x = rng.standard_normal((16, 8), dtype=np.float32)
+    r = simulate(k)(x)
+    assert np.isnan(r[:, 0]).all()
+    np.testing.assert_allclose(r[:, 1], x.sum(1) + (x * x).sum(1), rtol=1e-5)
+    np.testing.assert_allclose(r[:, 2], r[:, 1])
+    np.testing.assert_allclose(r[:, 3], x.sum(1), rtol=1e-5)
