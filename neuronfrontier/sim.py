@@ -399,8 +399,8 @@ def _dma(op, dst, src, rmw=None, fresh=None, names=('dst', 'src')):
     _check_tensor(op, names[1], src, onchip=False); _check_tensor(op, names[0], dst, onchip=False)
     for role, t in ((names[1], src), (names[0], dst)):
         if t.buffer is psum: _fail(op, f'{role} is in PSUM (shape {t.shape}); DMA cannot access PSUM, copy it to SBUF with nisa.tensor_copy first')
-    if src.size != dst.size:
-        _fail(op, f'{names[1]} shape {src.shape} and {names[0]} shape {dst.shape} hold different numbers of elements')
+    if src.shape != dst.shape and tuple(d for d in src.shape if d != 1) != tuple(d for d in dst.shape if d != 1):
+        _fail(op, f'{names[1]} shape {src.shape} and {names[0]} shape {dst.shape} differ (they may differ only in size-1 dimensions)')
     st = _st(); tr = st.trace
     if not src.buffer.onchip: tr.hbm_read_bytes += src.size * src.itemsize
     if not dst.buffer.onchip: tr.hbm_write_bytes += dst.size * dst.itemsize

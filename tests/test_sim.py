@@ -525,3 +525,17 @@ def test_activation_accumulator_registers():
     np.testing.assert_allclose(r[:, 1], x.sum(1) + (x * x).sum(1), rtol=1e-5)
     np.testing.assert_allclose(r[:, 2], r[:, 1])
     np.testing.assert_allclose(r[:, 3], x.sum(1), rtol=1e-5)
+
+
+def test_dma_shapes_must_match():
+    def body(x):
+        t = nl.ndarray((128, 512), dtype=nl.float32)
+        nisa.dma_copy(dst=t, src=x)
+    _trips(body, r'dma_copy: src shape \(256, 256\) and dst shape \(128, 512\) differ', np.zeros((256, 256), np.float32))
+
+    def ok(x):   # size-1 dimensions may differ: a (64,) HBM vector into a (64, 1) column or a (1, 64) row
+        t = nl.ndarray((1, 64), dtype=nl.float32)
+        nisa.dma_copy(dst=t, src=x)
+        t2 = nl.ndarray((64, 1), dtype=nl.float32)
+        nisa.dma_copy(dst=t2, src=x)
+    _run1(ok, np.zeros(64, np.float32))
