@@ -17,7 +17,8 @@ __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_b
 OPS = ("rms_norm", "swiglu", "attention", "cross_entropy")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
-_KERNEL_MODULES = ("neuronfrontier.kernels",)  # imported lazily; they call `register`
+# the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
+_KERNEL_MODULES = tuple(f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy"))
 _state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set()}
 
 def register(op: str, backend: str):
@@ -59,7 +60,7 @@ def _load_kernels():
     for mod in _KERNEL_MODULES:
         try: importlib.import_module(mod)
         except ImportError as e:
-            if e.name is None or not e.name.startswith(mod): raise
+            if e.name is None or not mod.startswith(e.name): raise  # only "this kernel is not there yet" is tolerated
 
 def resolve(op: str, device: torch.device | str = "cpu") -> str:
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks."
