@@ -60,7 +60,8 @@ def _prepare(a):
     return prepare(_data_dir(a), source=a.source, n_shards=a.shards, tokenizer=a.tokenizer, base_url=a.base_url or CLIMBMIX_URL)
 
 def _print_result(r: dict):
-    keys = ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "eval_s", "overrun_s", "max_step_s", "unigram_bpb")
+    keys = ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "eval_s", "overrun_s", "max_step_s",
+            "loader_utilisation", "unigram_bpb")
     for k in keys:
         v = r.get(k)
         print(f"{k:>12s}: {v:.4f}" if isinstance(v, float) else f"{k:>12s}: {v}")

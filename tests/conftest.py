@@ -1,0 +1,20 @@
+import os, subprocess, sys
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def pydocs(tmp_path_factory):
+    "A freshly prepared copy of the embedded corpus (8 shards + 8k BPE)."
+    from neuronfrontier.data import prepare
+    return prepare(tmp_path_factory.mktemp("data") / "pydocs", log=lambda *a: None)
+
+
+def cli(*args, cwd=None, timeout=900):
+    "Run the installed `neuronfrontier` console script; return the CompletedProcess."
+    exe = Path(sys.executable).parent / "neuronfrontier"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "neuronfrontier.cli"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env)
