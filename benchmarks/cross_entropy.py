@@ -5,11 +5,13 @@
     python benchmarks/cross_entropy.py --quick          # seconds-long smoke test
 
 Each (variant, vocab) runs in a fresh subprocess. Time: median over `--repeats` forward+backward passes after one
-warm-up pass. Peak memory: the growth of `ru_maxrss` (the process's resident-set high-water mark) over a baseline
-read after the inputs h [N, d], W [V, d] and targets are allocated and both variants ran once on a small problem
-(so code pages and thread pools that torch maps in on first use are in the baseline). torch's CPU allocator is
-plain malloc/mmap, so every intermediate tensor shows up in resident memory; a fresh process per variant keeps one
-variant's high-water mark from hiding the other's. Both variants also allocate h.grad and W.grad (included).
+warm-up pass. Peak memory: the growth of `ru_maxrss` (the process's resident-set high-water mark) over a baseline,
+the current resident set (/proc/self/statm) read after the inputs h [N, d], W [V, d] and targets are allocated
+(block by block, so no full-size temporary raises the high-water mark before the measurement) and after both
+variants ran once on a small problem (so code pages and thread pools that torch maps in on first use are in the
+baseline). torch's CPU allocator is plain malloc/mmap, so every intermediate tensor shows up in resident memory; a
+fresh process per variant keeps one variant's high-water mark from hiding the other's. Both variants also allocate
+h.grad and W.grad (included).
 The numbers are measured on the CPU this script runs on.
 """
 import argparse, json, os, resource, statistics, subprocess, sys, time
@@ -19,7 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _maxrss_mb():
+    "High-water mark of this process's resident set, MiB."
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+
+
+def _rss_mb():
+    "Current resident set, MiB."
+    with open("/proc/self/statm") as f: return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _randn(rows, cols, dtype, scale, g, block=256):
+    "Random [rows, cols] tensor filled block by block, so no full-size temporary raises the high-water mark."
+    import torch
+    out = torch.empty(rows, cols, dtype=dtype)
+    for i in range(0, rows, block): out[i:i + block] = torch.randn(min(block, rows - i), cols, generator=g) * scale
+    return out
 
 
 def worker(a):
@@ -30,8 +46,8 @@ def worker(a):
     dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[a.dtype]
     g = torch.Generator().manual_seed(0)
     vocab_size = a.vocab_size or a.vocab
-    h = torch.randn(a.n, a.d, generator=g).to(dtype).requires_grad_()
-    w = (torch.randn(a.vocab, a.d, generator=g) * a.d ** -0.5).to(dtype).requires_grad_()
+    h = _randn(a.n, a.d, dtype, 1.0, g).requires_grad_()
+    w = _randn(a.vocab, a.d, dtype, a.d ** -0.5, g).requires_grad_()
     t = torch.randint(0, vocab_size, (a.n,), generator=g)
     softcap = a.softcap or None
     # Touch both code paths on a small problem first, so the baseline already holds the code pages and thread
@@ -40,7 +56,7 @@ def worker(a):
     for fn in (naive_cross_entropy, chunked_cross_entropy):
         fn(hs.to(dtype), ws.to(dtype), torch.randint(0, 1000, (256,)), softcap=softcap, vocab_size=1000, chunk_size=64).backward()
     del hs, ws
-    base = _maxrss_mb()
+    base, base_hwm = _rss_mb(), _maxrss_mb()   # current RSS; the high-water mark so far should be close to it
     times = []
     for i in range(a.repeats + 1):
         h.grad = w.grad = None
@@ -51,7 +67,7 @@ def worker(a):
         if i: times.append(dt)
         del loss
     chunk = a.chunk_size or auto_chunk_size(a.n, vocab_size)
-    print(json.dumps(dict(time_s=statistics.median(times), times=times, peak_mb=_maxrss_mb() - base, base_mb=base,
+    print(json.dumps(dict(time_s=statistics.median(times), times=times, peak_mb=_maxrss_mb() - base, base_mb=base, base_hwm_mb=base_hwm,
                           chunk=chunk if a.variant == "chunked" else None, threads=torch.get_num_threads())))
 
 
@@ -90,6 +106,10 @@ def main():
     print(hdr); print("-" * len(hdr))
     for vocab in a.vocab:
         nv, ch = run_one(a, "naive", vocab), run_one(a, "chunked", vocab)
+        for name, r in (("naive", nv), ("chunked", ch)):
+            if r["base_hwm_mb"] - r["base_mb"] > 16:
+                print(f"warning: {name} V={vocab}: high-water mark was already {r['base_hwm_mb'] - r['base_mb']:.0f} MB "
+                      "above the baseline; its peak may be understated")
         print(f"{vocab:>7} {ch['chunk']:>6} | {nv['time_s']:>8.2f} {ch['time_s']:>9.2f} {ch['time_s'] / nv['time_s']:>9.2f}x |"
               f" {nv['peak_mb']:>9.0f} {ch['peak_mb']:>10.0f} {ch['peak_mb'] / nv['peak_mb']:>8.1%}", flush=True)
     print("time ratio = chunked/naive wall time; mem ratio = chunked/naive peak RSS growth over the inputs "
