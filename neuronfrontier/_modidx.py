@@ -123,7 +123,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'neuronfrontier.model.rope_tables': ('model.html#rope_tables', 'neuronfrontier/model.py')},
             'neuronfrontier.ops': { 'neuronfrontier.ops._call': ('ops.html#_call', 'neuronfrontier/ops.py'),
                                     'neuronfrontier.ops._load_kernels': ('ops.html#_load_kernels', 'neuronfrontier/ops.py'),
-                                    'neuronfrontier.ops._mask_pad': ('ops.html#_mask_pad', 'neuronfrontier/ops.py'),
                                     'neuronfrontier.ops.attention': ('ops.html#attention', 'neuronfrontier/ops.py'),
                                     'neuronfrontier.ops.attention_torch': ('ops.html#attention_torch', 'neuronfrontier/ops.py'),
                                     'neuronfrontier.ops.backend_table': ('ops.html#backend_table', 'neuronfrontier/ops.py'),

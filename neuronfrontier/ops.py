@@ -113,17 +113,7 @@ def swiglu_torch(x, w_gate, w_up):
 def attention_torch(q, k, v, causal=True):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-def _mask_pad(z, vocab_size):
-    if vocab_size is not None and vocab_size < z.shape[-1]: z[..., vocab_size:] = float("-inf")
-    return z
-
 @register("cross_entropy", "torch")
 def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
-    z = F.linear(h, w_head).float()
-    if softcap: z = softcap * torch.tanh(z / softcap)
-    z = _mask_pad(z, vocab_size)
-    t = targets.clamp_min(0)
-    nll = torch.where(targets >= 0, F.cross_entropy(z, t, reduction="none"), 0.0)
-    if reduction == "none": return nll
-    if reduction == "sum": return nll.sum()
-    return nll.sum() / (targets >= 0).sum().clamp_min(1)
+    from neuronfrontier.loss import chunked_cross_entropy  # the loss notebook: never materialises [N, V] logits
+    return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
