@@ -1,0 +1,59 @@
+"""ops.swiglu with backend nki-sim against the torch backend on shapes the notebook does not show."""
+import pytest, torch
+from neuronfrontier import ops
+from neuronfrontier.sim import REAL_NKI, simulate, last_trace
+from neuronfrontier.kernels.swiglu import (compare_backends, swiglu_nki_sim, swiglu_backward_sim, swiglu_forward_sim,
+                                           TOL, traffic, bwd_chunk, fwd_block, swiglu_fwd_kernel)
+
+pytestmark = pytest.mark.skipif(REAL_NKI, reason='simulator tests (a real NKI is installed)')
+
+
+@pytest.mark.parametrize("n,d,f,lead", [(1, 128, 128, ()), (129, 384, 640, ()), (70, 256, 1024, (2,)), (300, 512, 384, ())])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_torch(n, d, f, lead, dtype):
+    e = compare_backends(n, d, f, dtype, seed=3, lead=lead)
+    assert max(e.values()) <= TOL[dtype], e
+
+
+def test_mixed_weight_dtype():
+    "bf16 activations with fp32 master weights: gradients come back in the weights' dtype."
+    x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
+    wg = (torch.randn(384, 256) / 16).requires_grad_(); wu = (torch.randn(384, 256) / 16).requires_grad_()
+    with ops.use_backend("swiglu=nki-sim"):
+        h = ops.swiglu(x, wg, wu)
+    h.float().sum().backward()
+    assert h.dtype == torch.bfloat16 and wg.grad.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
+
+
+def test_token_chunks_and_column_blocks(monkeypatch):
+    "Force the wrapper's splitting paths (several backward calls, several forward blocks) and check the result."
+    import neuronfrontier.kernels.swiglu as sw
+    monkeypatch.setattr(sw, "bwd_chunk", lambda d, s: 128)
+    monkeypatch.setattr(sw, "fwd_block", lambda d, f, s: 128)
+    e = compare_backends(300, 128, 384, torch.float32, seed=4)
+    assert max(e.values()) <= TOL[torch.float32], e
+
+
+@pytest.mark.parametrize("x,wg,wu,msg", [
+    (torch.randn(4, 100), torch.randn(128, 100), torch.randn(128, 100), "multiples of 128"),
+    (torch.randn(4, 128), torch.randn(200, 128), torch.randn(200, 128), "multiples of 128"),
+    (torch.randn(4, 128), torch.randn(128, 256), torch.randn(128, 256), "must both be"),
+    (torch.randn(4, 128).half(), torch.randn(128, 128), torch.randn(128, 128), "fp32 or bf16"),
+    (torch.randn(4, 16384), torch.randn(128, 16384), torch.randn(128, 16384), "SBUF budget"),
+])
+def test_clear_errors(x, wg, wu, msg):
+    with pytest.raises(ValueError, match=msg) as e:
+        swiglu_nki_sim(x, wg, wu)
+    assert "swiglu" in str(e.value)
+
+
+def test_traffic_is_compulsory():
+    t = traffic(160, 256, 384)
+    for k in ("fwd", "bwd"):
+        assert t[k]["trace"].hbm_bytes <= 1.1 * t[k]["compulsory"]
+        assert t[k]["trace"].hbm_bytes < t[k]["unfused"]
+
+
+def test_split_sizes():
+    assert fwd_block(768, 3072, 2) == 3072 and fwd_block(4096, 4096, 2) == 1024
+    assert bwd_chunk(768, 2) == 16 * 128 and bwd_chunk(2048, 4) == 4 * 128
