@@ -90,7 +90,7 @@ def test_cpu_tiny_training_matches_torch():
 
 
 def test_cpu_micro_bf16_training_close_to_torch():
-    "cpu-micro with bf16 parameters, 5 steps: the two backends round differently, so losses agree to 2% not 1e-4."
+    "cpu-micro with bf16 parameters, 5 steps: the backends round differently; losses agree to 1e-3 relative (observed 4e-5)."
     ref = _train_losses("cpu-micro", "torch", steps=5, dtype=torch.bfloat16)
     sim = _train_losses("cpu-micro", "rms_norm=nki-sim,swiglu=nki-sim", steps=5, dtype=torch.bfloat16)
-    assert all(abs(a - b) <= 0.02 * abs(a) for a, b in zip(ref, sim)), (ref, sim)
+    assert all(abs(a - b) <= 1e-3 * abs(a) for a, b in zip(ref, sim)), (ref, sim)

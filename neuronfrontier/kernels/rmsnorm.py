@@ -89,7 +89,7 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
         r = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=r, src=rstd[r0:r0 + p, :])                       # HBM → SBUF: rstd rows
         xh = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=xh, data=x_t, op0=nl.multiply, operand0=r)  # x̂ = x·r
+        nisa.activation(dst=xh, op=nl.copy, data=x_t, scale=r)             # x̂ = x·r (ScalarE, off the VectorE)
         gw = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=gw, data1=g_t, data2=w_bc[:p, :], op=nl.multiply)   # g̃ = g ⊙ w
         prod = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
@@ -102,10 +102,11 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
         nisa.scalar_tensor_tensor(dst=t, data=xh, op0=nl.multiply, operand0=negc,
                                   op1=nl.add, operand1=gw)                 # g̃ − x̂·mean(g̃ x̂)
         dx_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=dx_t, data=t, op0=nl.multiply, operand0=r)  # · r
+        nisa.activation(dst=dx_t, op=nl.copy, data=t, scale=r)              # · r (ScalarE)
         nisa.dma_copy(dst=dx[r0:r0 + p, :], src=dx_t)                      # SBUF → HBM: dx, once
         gx = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=gx, data1=g_t, data2=xh, op=nl.multiply)    # g ⊙ x̂
+        nisa.tensor_tensor(dst=gx, data1=g_t, data2=xh, op=nl.multiply,
+                           engine=nisa.engine.gpsimd)                      # g ⊙ x̂ (GpSimd, off the VectorE)
         for j in nl.static_range(n_chunks):
             c0 = j * FMAX; cw = min(FMAX, d - c0)
             nisa.nc_matmul(dst=dw_ps[j], stationary=ones[:p, :], moving=gx[:, c0:c0 + cw])  # Σ_rows, += over tiles
