@@ -124,3 +124,19 @@ def test_gpt2_head_shape():
     h, W = torch.randn(256, 768, generator=g), torch.randn(50304, 768, generator=g) * 0.02
     y = torch.randint(0, 50257, (256,), generator=g)
     _compare(h, W, y, softcap=15.0, vocab_size=50257)
+
+
+def test_default_block_fits_sbuf_at_gpt2_width():
+    # d = 768 bf16: the default backward block (17 tiles) must run within the simulator's 192 KiB SBUF budget
+    import ml_dtypes
+    d, V = 768, 512
+    bt = ce._block_tiles(1 << 20, d, 2)
+    assert bt == 17
+    N = bt * 128
+    r = np.random.default_rng(7)
+    h = r.standard_normal((N, d), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    W = (r.standard_normal((V, d)) * 0.05).astype(ml_dtypes.bfloat16)
+    y = r.integers(0, V, N).astype(np.int32)[:, None]
+    loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h.T.copy(), W.T.copy(), y, V, 15.0, ce._block_tiles(N, d, 2, backward=False))
+    sim.simulate(ce.cross_entropy_bwd_kernel)(h, h.T.copy(), W, W.T.copy(), y, lse, np.ones((N, 1), np.float32), V, 15.0, bt)
+    assert sim.last_trace().peak_sbuf_bytes <= ce.SBUF_BLOCK_BUDGET

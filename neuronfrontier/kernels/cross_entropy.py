@@ -229,7 +229,7 @@ def cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap,
     return dh, dw
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f8fadb96
-SBUF_BLOCK_BUDGET = 128 * 1024   # bytes per partition the block buffers may take (the simulator's SBUF budget is 192 KiB)
+SBUF_BLOCK_BUDGET = 160 * 1024   # bytes per partition the buffers may take (the simulator's SBUF budget is 192 KiB)
 
 def _block_tiles(N, d, itemsize, backward=True):
     "128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET."
