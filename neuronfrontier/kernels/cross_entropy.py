@@ -204,10 +204,12 @@ def cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap,
                     dh_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δ W_tile: contract over vocabulary
                     for c in nl.sequential_range(nc):
                         nisa.nc_matmul(dst=dh_ps, stationary=dlT[:, c, :], moving=w_t[:, c, d0:d0 + dn])
+                    # PSUM→SBUF: added into the block's dh accumulator
                     nisa.tensor_tensor(dst=dh_acc[:, j, d0:d0 + dn], data1=dh_acc[:, j, d0:d0 + dn], data2=dh_ps, op=nl.add)
                     for c in nl.affine_range(nc):
                         dw_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δᵀ h: contract over tokens
                         nisa.nc_matmul(dst=dw_ps, stationary=dl[:, c * P:(c + 1) * P], moving=h_blk[:, j, d0:d0 + dn])
+                        # PSUM→SBUF: added into the block's share of the dW tile
                         nisa.tensor_tensor(dst=dw_acc[:, c, d0:d0 + dn], data1=dw_acc[:, c, d0:d0 + dn], data2=dw_ps, op=nl.add)
             for c in nl.affine_range(nc):
                 rows = dw[v0 + c * P:v0 + (c + 1) * P, :]
