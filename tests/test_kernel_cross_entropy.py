@@ -98,10 +98,10 @@ def test_hbm_traffic_formula_and_no_NxV_write():
         return orig(op, dst, src, *a, **k)
     sim._dma = rec
     try:
-        loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h.T.copy(), W.T.copy(), y, vs, 0.0, 1)
+        loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h, W, y, vs, 0.0, 1)
         tf = sim.last_trace()
         g = np.full((N, 1), 1.0 / N, np.float32)
-        sim.simulate(ce.cross_entropy_bwd_kernel)(h, h.T.copy(), W, W.T.copy(), y, lse, g, vs, 0.0, 1)
+        sim.simulate(ce.cross_entropy_bwd_kernel)(h, W, y, lse, g, vs, 0.0, 1)
         tb = sim.last_trace()
     finally:
         sim._dma = orig
@@ -137,8 +137,8 @@ def test_default_block_fits_sbuf_at_gpt2_width():
     h = r.standard_normal((N, d), dtype=np.float32).astype(ml_dtypes.bfloat16)
     W = (r.standard_normal((V, d)) * 0.05).astype(ml_dtypes.bfloat16)
     y = r.integers(0, V, N).astype(np.int32)[:, None]
-    loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h.T.copy(), W.T.copy(), y, V, 15.0, ce._block_tiles(N, d, 2, backward=False))
-    sim.simulate(ce.cross_entropy_bwd_kernel)(h, h.T.copy(), W, W.T.copy(), y, lse, np.ones((N, 1), np.float32), V, 15.0, bt)
+    loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h, W, y, V, 15.0, ce._block_tiles(N, d, 2, backward=False))
+    sim.simulate(ce.cross_entropy_bwd_kernel)(h, W, y, lse, np.ones((N, 1), np.float32), V, 15.0, bt)
     assert sim.last_trace().peak_sbuf_bytes <= ce.SBUF_BLOCK_BUDGET
 
 

@@ -45,6 +45,38 @@ def _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap):
         z = zm
     return z, th
 
+def _load_w_tile(w, v0, vt):
+    """HBM→SBUF: rows v0..v0+vt of W [V, d] as w_t [128 (vocab), vt/128, d], then TensorEngine transposes to
+    wT_t [128 (d), d/128, vt] for the logits matmul. Returns (w_t, wT_t)."""
+    d = w.shape[1]
+    KD, nc = d // P, vt // P
+    w_t = nl.ndarray((P, nc, d), dtype=w.dtype, buffer=nl.sbuf)
+    for c in nl.affine_range(nc):   # HBM→SBUF: 128 rows of W each, vocabulary on partitions
+        nisa.dma_copy(dst=w_t[:, c, :], src=w[v0 + c * P:v0 + (c + 1) * P, :])
+    wT_t = nl.ndarray((P, KD, vt), dtype=w.dtype, buffer=nl.sbuf)
+    for k in nl.affine_range(KD):
+        tp = nl.ndarray((P, vt), dtype=w.dtype, buffer=nl.psum)
+        for c in nl.affine_range(nc):   # 128x128 pieces: [128 vocab, 128 of d] -> [128 of d, 128 vocab]
+            nisa.nc_transpose(dst=tp[:, c * P:(c + 1) * P], data=w_t[:, c, k * P:(k + 1) * P])
+        nisa.tensor_copy(dst=wT_t[:, k, :], src=tp)                           # PSUM→SBUF
+    return w_t, wT_t
+
+def _load_h_block(h, t0, nt, keep_h):
+    """HBM→SBUF: token tiles t0..t0+nt-1 of h [N, d], transposed on the TensorEngine into hT_blk [128 (d), d/128, nt*128].
+    With keep_h also returns the tiles as h_blk [128 (tokens), nt, d] (else None)."""
+    d = h.shape[1]
+    KD = d // P
+    hT_blk = nl.ndarray((P, KD, nt * P), dtype=h.dtype, buffer=nl.sbuf)
+    h_blk = nl.ndarray((P, nt, d), dtype=h.dtype, buffer=nl.sbuf) if keep_h else None
+    for j in nl.affine_range(nt):
+        h_t = h_blk[:, j, :] if keep_h else nl.ndarray((P, d), dtype=h.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=h_t, src=h[(t0 + j) * P:(t0 + j + 1) * P, :])      # HBM→SBUF: 128 tokens on partitions
+        for k in nl.affine_range(KD):
+            tp = nl.ndarray((P, P), dtype=h.dtype, buffer=nl.psum)
+            nisa.nc_transpose(dst=tp, data=h_t[:, k * P:(k + 1) * P])
+            nisa.tensor_copy(dst=hT_blk[:, k, j * P:(j + 1) * P], src=tp)   # PSUM→SBUF
+    return hT_blk, h_blk
+
 def _load_columns(dst, src, t0, nt):
     "HBM→SBUF: per-token values src [N, 1] of tiles t0..t0+nt-1 into dst [128, nt] (column j = tile t0+j)."
     for j in nl.affine_range(nt):
@@ -52,15 +84,15 @@ def _load_columns(dst, src, t0, nt):
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #847cb1b6
 @nki.jit
-def cross_entropy_fwd_kernel(hT, wT, targets, vocab_size, softcap, block_tiles):
+def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
     """Per-token cross-entropy of the logits h @ Wᵀ without writing them to HBM.
 
-    hT [d, N] (h transposed), wT [d, V] (W transposed), both fp32 or both bf16; targets [N, 1] int32 (< 0: ignored);
+    h [N, d] and w [V, d] (nn.Linear layout), both fp32 or both bf16; targets [N, 1] int32 (< 0: ignored);
     vocab_size: real columns (<= V; the rest are padding); softcap: c (0: none); block_tiles: 128-token tiles per block.
     Returns loss [N, 1] fp32 (lse - target logit, 0 where ignored) and lse [N, 1] fp32 (log-sum-exp of each row)."""
-    d, N = hT.shape
-    d2, V = wT.shape
-    assert d == d2, f'hT {hT.shape} and wT {wT.shape} must share d'
+    N, d = h.shape
+    V, d2 = w.shape
+    assert d == d2, f'h {h.shape} and w {w.shape} must share d'
     assert d % P == 0, f'd={d} must be a multiple of {P}: the TensorEngine contracts d in {P}-row chunks'
     assert N % P == 0, f'N={N} must be a multiple of {P} (tokens per tile); the wrapper pads'
     assert V % P == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {P} and hold vocab_size={vocab_size}'
@@ -71,9 +103,7 @@ def cross_entropy_fwd_kernel(hT, wT, targets, vocab_size, softcap, block_tiles):
     for b in nl.static_range(-(-n_tiles // block_tiles)):
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
-        hT_blk = nl.ndarray((P, KD, nt * P), dtype=hT.dtype, buffer=nl.sbuf)
-        for k in nl.affine_range(KD):   # HBM→SBUF: the block's hᵀ, d on partitions
-            nisa.dma_copy(dst=hT_blk[:, k, :], src=hT[k * P:(k + 1) * P, t0 * P:(t0 + nt) * P])
+        hT_blk, _ = _load_h_block(h, t0, nt, keep_h=False)              # HBM→SBUF: the block's h, kept as hᵀ
         tgt_i = nl.ndarray((P, nt), dtype=nl.int32, buffer=nl.sbuf)
         _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets
         tgt = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
@@ -85,9 +115,7 @@ def cross_entropy_fwd_kernel(hT, wT, targets, vocab_size, softcap, block_tiles):
         nisa.memset(dst=run_sum, value=0.0)
         nisa.memset(dst=tgt_logit, value=0.0)
         for v0, vt in tiles:   # static: the vocabulary sweep is unrolled (the last tile may be narrower)
-            wT_t = nl.ndarray((P, KD, vt), dtype=wT.dtype, buffer=nl.sbuf)
-            for k in nl.affine_range(KD):   # HBM→SBUF: the Wᵀ tile, once per block
-                nisa.dma_copy(dst=wT_t[:, k, :], src=wT[k * P:(k + 1) * P, v0:v0 + vt])
+            _, wT_t = _load_w_tile(w, v0, vt)                           # HBM→SBUF: the W tile, once per block
             cols = nl.ndarray((P, vt), dtype=nl.int32, buffer=nl.sbuf)
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)   # vocabulary index of each column
             for j in nl.affine_range(nt):
@@ -131,15 +159,15 @@ def _d_pieces(d):
     return [(d0, min(512, d - d0)) for d0 in range(0, d, 512)]
 
 @nki.jit
-def cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap, block_tiles):
+def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles):
     """Gradients of sum_i g_i * loss_i with respect to h and W, recomputing the logits tile by tile.
 
-    h [N, d] and hT [d, N]; w [V, d] and wT [d, V] (all fp32 or all bf16); targets [N, 1] int32; lse [N, 1] fp32 from the
+    h [N, d] and w [V, d] (both fp32 or both bf16); targets [N, 1] int32; lse [N, 1] fp32 from the
     forward kernel; g [N, 1] fp32 (dL/dloss_i, 0 where ignored); vocab_size, softcap, block_tiles as in the forward.
     Returns dh [N, d] fp32 and dw [V, d] fp32 (rows >= vocab_size are 0)."""
     N, d = h.shape
     V, d2 = w.shape
-    assert d == d2 and tuple(hT.shape) == (d, N) and tuple(wT.shape) == (d, V), f'h {h.shape}, hT {hT.shape}, w {w.shape}, wT {wT.shape} disagree'
+    assert d == d2, f'h {h.shape} and w {w.shape} must share d'
     assert d % P == 0, f'd={d} must be a multiple of {P}: the TensorEngine contracts d in {P}-row chunks'
     assert N % P == 0, f'N={N} must be a multiple of {P} (tokens per tile); the wrapper pads'
     assert V % P == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {P} and hold vocab_size={vocab_size}'
@@ -150,12 +178,7 @@ def cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap,
     for b in nl.static_range(-(-n_tiles // block_tiles)):
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
-        hT_blk = nl.ndarray((P, KD, nt * P), dtype=hT.dtype, buffer=nl.sbuf)
-        for k in nl.affine_range(KD):   # HBM→SBUF: the block's hᵀ (for the logits)
-            nisa.dma_copy(dst=hT_blk[:, k, :], src=hT[k * P:(k + 1) * P, t0 * P:(t0 + nt) * P])
-        h_blk = nl.ndarray((P, nt, d), dtype=h.dtype, buffer=nl.sbuf)
-        for j in nl.affine_range(nt):   # HBM→SBUF: the block's h, tokens on partitions (for dW)
-            nisa.dma_copy(dst=h_blk[:, j, :], src=h[(t0 + j) * P:(t0 + j + 1) * P, :])
+        hT_blk, h_blk = _load_h_block(h, t0, nt, keep_h=True)       # HBM→SBUF: h (for dW) and hᵀ (for the logits)
         tgt_i = nl.ndarray((P, nt), dtype=nl.int32, buffer=nl.sbuf)
         lse_b = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
         g_b = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
@@ -170,12 +193,7 @@ def cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap,
         nisa.memset(dst=dh_acc, value=0.0)
         for v0, vt in tiles:
             nc = vt // P
-            wT_t = nl.ndarray((P, KD, vt), dtype=wT.dtype, buffer=nl.sbuf)
-            for k in nl.affine_range(KD):   # HBM→SBUF: Wᵀ tile (for the logits)
-                nisa.dma_copy(dst=wT_t[:, k, :], src=wT[k * P:(k + 1) * P, v0:v0 + vt])
-            w_t = nl.ndarray((P, nc, d), dtype=w.dtype, buffer=nl.sbuf)
-            for c in nl.affine_range(nc):   # HBM→SBUF: W rows of the tile, vocabulary on partitions (for dh)
-                nisa.dma_copy(dst=w_t[:, c, :], src=w[v0 + c * P:v0 + (c + 1) * P, :])
+            w_t, wT_t = _load_w_tile(w, v0, vt)                         # HBM→SBUF: W rows (for dh) and Wᵀ (for the logits)
             cols = nl.ndarray((P, vt), dtype=nl.int32, buffer=nl.sbuf)
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)
             dw_acc = nl.ndarray((P, nc, d), dtype=nl.float32, buffer=nl.sbuf)   # this block's share of the dW tile
@@ -237,8 +255,8 @@ def _block_tiles(N, d, itemsize, backward=True):
     "128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET."
     if backward:   # per token tile: hᵀ, h, fp32 dh; fixed: W tile, Wᵀ tile, fp32 dW share, work tiles
         per_tile, fixed = d * (2 * itemsize + 4), d * (VT // P) * (itemsize + 4) + d // P * VT * itemsize + 16 * VT * 4
-    else:          # per token tile: hᵀ and four running values; fixed: Wᵀ tile, work tiles
-        per_tile, fixed = d * itemsize + 16, d // P * VT * itemsize + 16 * VT * 4
+    else:          # per token tile: hᵀ and four running values; fixed: W tile, Wᵀ tile, one h tile, work tiles
+        per_tile, fixed = d * itemsize + 16, 2 * d * (VT // P) * itemsize + d * itemsize + 16 * VT * 4
     return max(1, min(-(-N // P), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
 
 def _check(h, w_head, targets, vocab_size):
@@ -256,14 +274,14 @@ def _check(h, w_head, targets, vocab_size):
     return N, d, V, vs
 
 def _prepare(h, w_head, targets):
-    "Cast to one matmul dtype, pad N to a multiple of 128 (targets -1), make the transposed copies."
+    "Cast to one matmul dtype, pad N to a multiple of 128 (targets -1)."
     dt = h.dtype if h.dtype == w_head.dtype and h.dtype in (torch.float32, torch.bfloat16) else torch.float32
     N, d = h.shape
     Np = -(-N // P) * P
     hp = torch.zeros(Np, d, dtype=dt, device=h.device); hp[:N] = h.detach()
     tp = torch.full((Np, 1), -1, dtype=torch.int32, device=h.device); tp[:N, 0] = targets
     w = w_head.detach().to(dt).contiguous()
-    return hp, hp.T.contiguous(), w, w.T.contiguous(), tp
+    return hp, w, tp
 
 def _reduce(nll, targets, reduction):
     if reduction == "none": return nll
@@ -276,22 +294,22 @@ class CrossEntropySim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w_head, targets, softcap, vocab_size, block_tiles):
         N, d, V, vs = _check(h, w_head, targets, vocab_size)
-        hp, hT, w, wT, tp = _prepare(h, w_head, targets)
+        hp, w, tp = _prepare(h, w_head, targets)
         bt_f = block_tiles or _block_tiles(N, d, hp.element_size(), backward=False)
         bt_b = block_tiles or _block_tiles(N, d, hp.element_size(), backward=True)
         c = float(softcap or 0.0)
-        loss, lse = simulate(cross_entropy_fwd_kernel)(hT, wT, tp, vs, c, bt_f)
-        ctx.save_for_backward(hp, hT, w, wT, tp, lse)
+        loss, lse = simulate(cross_entropy_fwd_kernel)(hp, w, tp, vs, c, bt_f)
+        ctx.save_for_backward(hp, w, tp, lse)
         ctx.meta = (N, vs, c, bt_b, h.dtype, w_head.dtype)
         return loss[:N, 0]
 
     @staticmethod
     def backward(ctx, grad_nll):
-        hp, hT, w, wT, tp, lse = ctx.saved_tensors
+        hp, w, tp, lse = ctx.saved_tensors
         N, vs, c, bt, hdt, wdt = ctx.meta
         g = torch.zeros(hp.shape[0], 1, dtype=torch.float32)
         g[:N, 0] = grad_nll.float() * (tp[:N, 0] >= 0)
-        dh, dw = simulate(cross_entropy_bwd_kernel)(hp, hT, w, wT, tp, lse, g, vs, c, bt)
+        dh, dw = simulate(cross_entropy_bwd_kernel)(hp, w, tp, lse, g, vs, c, bt)
         return dh[:N].to(hdt), dw.to(wdt), None, None, None, None
 
 @ops.register("cross_entropy", "nki-sim")
@@ -307,7 +325,7 @@ def hbm_bytes(N, d, V, vocab_size=None, itemsize=4, block_tiles=None):
     blocks = lambda bwd: -(-(N // P) // (block_tiles or _block_tiles(N, d, itemsize, bwd)))
     Bf, B, Vc, b = blocks(False), blocks(True), min(-(-vs // VT) * VT, V), itemsize
     return dict(fwd=(N * d * b + Bf * Vc * d * b + 4 * N, 8 * N),
-                bwd=(2 * N * d * b + 2 * B * Vc * d * b + 12 * N + (B - 1) * Vc * d * 4, 4 * N * d + 4 * B * Vc * d + 4 * (V - Vc) * d))
+                bwd=(N * d * b + B * Vc * d * b + 12 * N + (B - 1) * Vc * d * 4, 4 * N * d + 4 * B * Vc * d + 4 * (V - Vc) * d))
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ea6f6316
 def _torch_neuronx():
@@ -323,25 +341,25 @@ def _register_nki(tnx):
     nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::cross_entropy_nll", mutates_args={})
-    def ce_nll(h: torch.Tensor, w: torch.Tensor, hT: torch.Tensor, wT: torch.Tensor, targets: torch.Tensor,
+    def ce_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
                vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_fwd_kernel(hT, wT, targets, vocab_size, softcap, block_tiles)
+        return cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles)
 
     @nki_op("neuronfrontier::cross_entropy_grad", mutates_args={})
-    def ce_grad(h: torch.Tensor, hT: torch.Tensor, w: torch.Tensor, wT: torch.Tensor, targets: torch.Tensor,
-                lse: torch.Tensor, g: torch.Tensor, vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_bwd_kernel(h, hT, w, wT, targets, lse, g, vocab_size, softcap, block_tiles)
+    def ce_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles)
 
     def setup_context(ctx, inputs, output):
-        h, w, hT, wT, targets, vocab_size, softcap, block_tiles = inputs
-        ctx.save_for_backward(h, w, hT, wT, targets, output[1])
+        h, w, targets, vocab_size, softcap, block_tiles = inputs
+        ctx.save_for_backward(h, w, targets, output[1])
         ctx.meta = (vocab_size, softcap, _block_tiles(h.shape[0], h.shape[1], h.element_size()))   # the backward's block
 
     def backward(ctx, grad_loss, grad_lse):
-        h, w, hT, wT, targets, lse = ctx.saved_tensors
+        h, w, targets, lse = ctx.saved_tensors
         g = (grad_loss.float() * (targets >= 0)).contiguous()
-        dh, dw = ce_grad(h, hT, w, wT, targets, lse, g, *ctx.meta)
-        return dh, dw, None, None, None, None, None, None
+        dh, dw = ce_grad(h, w, targets, lse, g, *ctx.meta)
+        return dh, dw, None, None, None, None
 
     ce_nll.register_autograd(backward, setup_context=setup_context)
 
@@ -353,7 +371,7 @@ def _register_nki(tnx):
         hp = torch.nn.functional.pad(h.to(dt), (0, 0, 0, Np - N))                       # differentiable padding
         tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
         w = w_head.to(dt)
-        loss, _ = ce_nll(hp, w, hp.detach().T.contiguous(), w.detach().T.contiguous(), tp, vs, float(softcap or 0.0),
+        loss, _ = ce_nll(hp, w, tp, vs, float(softcap or 0.0),
                          _block_tiles(N, d, hp.element_size(), backward=False))
         return _reduce(loss[:N, 0], targets, reduction)
     return cross_entropy_nki
