@@ -1,0 +1,163 @@
+"Cross-entropy NKI kernels (nbs/15_kernel_cross_entropy.ipynb) on shapes the notebook does not run: several d pieces, a narrow last vocabulary tile, several token blocks, zero padding rows, mixed dtypes."
+import numpy as np
+import pytest
+import torch
+
+from neuronfrontier import ops
+from neuronfrontier import sim
+from neuronfrontier.kernels import cross_entropy as ce
+
+
+def _run(backend, h, W, y, block_tiles=None, **kw):
+    hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
+    with ops.use_backend(backend):
+        if backend == "torch" or block_tiles is None:
+            l = ops.cross_entropy(hh, WW, y, **kw)
+        else:   # the autograd Function directly, to force small blocks
+            nll = ce.CrossEntropySim.apply(hh, WW, y, kw.get("softcap"), kw.get("vocab_size"), block_tiles)
+            l = ce._reduce(nll, y, kw.get("reduction", "mean"))
+    (l.sum() if l.ndim else l).backward()
+    return l.detach(), hh.grad, WW.grad
+
+
+def _compare(h, W, y, rel=1e-5, block_tiles=None, **kw):
+    l0, dh0, dW0 = _run("torch", h, W, y, **kw)
+    l1, dh1, dW1 = _run("cross_entropy=nki-sim", h, W, y, block_tiles=block_tiles, **kw)
+    assert dh1.dtype == h.dtype and dW1.dtype == W.dtype
+    for a, b in ((l1, l0), (dh1, dh0), (dW1, dW0)):
+        a, b = a.float(), b.float()
+        assert (a - b).abs().max().item() <= rel * max(b.abs().max().item(), 1e-30), (a - b).abs().max().item()
+    return l1, dh1, dW1
+
+
+def test_registered_backends():
+    assert ops._IMPLS["cross_entropy"]["nki-sim"] is ce.cross_entropy_nki_sim
+    if not sim.REAL_NKI: assert "nki" not in ops._IMPLS["cross_entropy"]   # guarded: only with the Neuron SDK
+    with ops.use_backend("cross_entropy=nki-sim"): assert ops.resolve("cross_entropy") == "nki-sim"
+
+
+def test_d_pieces_narrow_vocab_tile_padded_tokens():
+    # d = 640: two d pieces (512 + 128) in the backward; V = 640: tiles of 512 and 128 columns, vocab_size = 600 inside
+    # the narrow one; N = 130 pads to 256 with ignored rows
+    g = torch.Generator().manual_seed(0)
+    h, W = torch.randn(130, 640, generator=g), torch.randn(640, 640, generator=g) * 0.05
+    y = torch.randint(0, 600, (130,), generator=g); y[5] = -1
+    _compare(h, W, y, softcap=15.0, vocab_size=600)
+
+
+def test_several_blocks_and_zero_padding_rows():
+    # three token blocks (dW read-added-written twice); vocab_size = 500 of V = 1536 leaves rows 512.. untouched: zero
+    g = torch.Generator().manual_seed(1)
+    h, W = torch.randn(384, 128, generator=g), torch.randn(1536, 128, generator=g) * 0.1
+    y = torch.randint(0, 500, (384,), generator=g); y[::11] = -1
+    _, _, dW = _compare(h, W, y, block_tiles=1, reduction="sum", vocab_size=500)
+    assert dW[500:].abs().max().item() == 0.0
+
+
+def test_bf16_and_mixed_dtypes():
+    g = torch.Generator().manual_seed(2)
+    h, W = torch.randn(256, 256, generator=g), torch.randn(1024, 256, generator=g) * 0.05
+    y = torch.randint(0, 1024, (256,), generator=g)
+    _compare(h.bfloat16(), W.bfloat16(), y, rel=2e-2, block_tiles=1, softcap=30.0)   # bf16 matmuls: 8-bit mantissa
+    # mixed dtypes (the torch reference refuses them): both go in as fp32, gradients come back in each input's dtype
+    l1, dh1, dW1 = _run("cross_entropy=nki-sim", h.bfloat16(), W, y)
+    l0, dh0, dW0 = _run("torch", h.bfloat16().float(), W, y)
+    assert dh1.dtype == torch.bfloat16 and dW1.dtype == torch.float32
+    assert abs(l1.item() - l0.item()) <= 1e-5 * l0.item() and (dW1 - dW0).abs().max() <= 1e-5 * dW0.abs().max()
+
+
+def test_reduction_none_and_single_counted_token():
+    g = torch.Generator().manual_seed(3)
+    h, W = torch.randn(128, 128, generator=g), torch.randn(512, 128, generator=g) * 0.1
+    y = torch.full((128,), -1); y[17] = 3
+    l, _, _ = _compare(h, W, y, reduction="none")
+    assert (l != 0).sum().item() == 1
+    _compare(h, W, y)                          # mean over one counted token
+
+
+def test_refusals():
+    with ops.use_backend("cross_entropy=nki-sim"):
+        with pytest.raises(ValueError, match="targets"):
+            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(63, dtype=torch.long))
+        with pytest.raises(ValueError, match="disagree on d"):
+            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 256), torch.zeros(64, dtype=torch.long))
+        with pytest.raises(ValueError, match="unknown reduction"):
+            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(64, dtype=torch.long), reduction="max")
+
+
+def test_hbm_traffic_formula_and_no_NxV_write():
+    # d = 384 (three contraction chunks), two backward blocks; the formula is the simulator's count byte for byte and
+    # no DMA writes more than one [128, d] fp32 tile
+    N, d, V, vs = 256, 384, 1024, 1024
+    r = np.random.default_rng(4)
+    h = r.standard_normal((N, d), dtype=np.float32); W = (r.standard_normal((V, d)) * 0.05).astype(np.float32)
+    y = r.integers(0, vs, N).astype(np.int32)[:, None]
+    writes, orig = [], sim._dma
+    def rec(op, dst, src, *a, **k):
+        if not dst.buffer.onchip: writes.append(dst.size * dst.itemsize)
+        return orig(op, dst, src, *a, **k)
+    sim._dma = rec
+    try:
+        loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h, W, y, vs, 0.0, 1)
+        tf = sim.last_trace()
+        g = np.full((N, 1), 1.0 / N, np.float32)
+        sim.simulate(ce.cross_entropy_bwd_kernel)(h, W, y, lse, g, vs, 0.0, 1)
+        tb = sim.last_trace()
+    finally:
+        sim._dma = orig
+    m = ce.hbm_bytes(N, d, V, vs, 4, 1)
+    assert m == dict(fwd=(tf.hbm_read_bytes, tf.hbm_write_bytes), bwd=(tb.hbm_read_bytes, tb.hbm_write_bytes))
+    assert max(writes) == 128 * d * 4 < N * V * 4
+
+
+def test_larger_shape():
+    g = torch.Generator().manual_seed(5)
+    h, W = torch.randn(1024, 512, generator=g), torch.randn(8192, 512, generator=g) * 0.03
+    y = torch.randint(0, 8000, (1024,), generator=g); y[::13] = -1
+    _compare(h, W, y, softcap=15.0, vocab_size=8000)
+
+
+@pytest.mark.slow
+def test_gpt2_head_shape():
+    # the GPT-2 head: d = 768 (backward d pieces of 512 + 256), vocab 50,257 padded to 50,304 (last tile 128 wide)
+    g = torch.Generator().manual_seed(6)
+    h, W = torch.randn(256, 768, generator=g), torch.randn(50304, 768, generator=g) * 0.02
+    y = torch.randint(0, 50257, (256,), generator=g)
+    _compare(h, W, y, softcap=15.0, vocab_size=50257)
+
+
+def test_default_block_fits_sbuf_at_gpt2_width():
+    # d = 768 bf16: the default backward block (17 tiles) must run within the simulator's 192 KiB SBUF budget
+    import ml_dtypes
+    d, V = 768, 512
+    bt = ce._block_tiles(1 << 20, d, 2)
+    assert bt == 17
+    N = bt * 128
+    r = np.random.default_rng(7)
+    h = r.standard_normal((N, d), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    W = (r.standard_normal((V, d)) * 0.05).astype(ml_dtypes.bfloat16)
+    y = r.integers(0, V, N).astype(np.int32)[:, None]
+    loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel)(h, W, y, V, 15.0, ce._block_tiles(N, d, 2, backward=False))
+    sim.simulate(ce.cross_entropy_bwd_kernel)(h, W, y, lse, np.ones((N, 1), np.float32), V, 15.0, bt)
+    assert sim.last_trace().peak_sbuf_bytes <= ce.SBUF_BLOCK_BUDGET
+
+
+def test_nki_backend_wiring_with_a_custom_op_stand_in():
+    # The `nki` backend cannot run here (no Trainium). Its wiring — custom ops, register_autograd, padding, reductions —
+    # is exercised with torch.library.custom_op standing in for torch_neuronx.nki_op; under the emulator calling a
+    # kernel runs the simulator.
+    import types
+    fake = types.SimpleNamespace(nki_op=lambda name, mutates_args: torch.library.custom_op(name.replace("neuronfrontier::", "nf_test::"), mutates_args=mutates_args))
+    impl = ce._register_nki(fake)
+    try:
+        g = torch.Generator().manual_seed(8)
+        h, W = torch.randn(200, 128, generator=g), torch.randn(1024, 128, generator=g) * 0.1
+        y = torch.randint(0, 1000, (200,), generator=g); y[::9] = -1
+        for kw in (dict(softcap=15.0, vocab_size=1000), dict(reduction="sum")):
+            l0, dh0, dW0 = _run("torch", h, W, y, **kw)
+            l1, dh1, dW1 = _run("cross_entropy=nki", h, W, y, **kw)
+            for a, b in ((l1, l0), (dh1, dh0), (dW1, dW0)):
+                assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+    finally:
+        ops._IMPLS["cross_entropy"].pop("nki", None)
+    assert impl.__name__ == "cross_entropy_nki"
