@@ -283,7 +283,7 @@ def attention_errors(B, H, T, d, dtype=torch.float32, seed=0, backend="attention
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 # %% ../../nbs/14_kernel_attention.ipynb #fc9d8830
-def train_losses(cfg, backend: str, steps: int = 10, batch: int = 2, seed: int = 0, lr: float = 1e-2, period: int = 32) -> list[float]:
+def train_losses(cfg, backend: str, steps: int = 10, batch: int = 2, seed: int = 0, lr: float = 3e-3, period: int = 32) -> list[float]:
     "Losses of `steps` AdamW steps of `GPT(cfg)` (seeded init, fixed token batches) with ops backend `backend`."
     from neuronfrontier.model import GPT
     torch.manual_seed(seed)
