@@ -130,9 +130,9 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
     if steps is not None and steps <= 0: raise ValueError(f"--steps {steps}: must be > 0")
     mcfg, tcfg = resolve(config, recipe, sets)
     dev = pick_device(device)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     train_paths, val_path = find_shards(data_dir)
     enc, token_bytes = load_tokenizer(Path(data_dir) / "tokenizer")
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     if enc.n_vocab != mcfg.vocab_size:
         mcfg.vocab_size = enc.n_vocab; mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
     say = print if verbose else (lambda *a, **k: None)
