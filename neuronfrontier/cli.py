@@ -64,8 +64,8 @@ def _print_result(r: dict):
             "loader_utilisation", "unigram_bpb")
     for k in keys:
         v = r.get(k)
-        print(f"{k:>12s}: {v:.4f}" if isinstance(v, float) else f"{k:>12s}: {v}")
-    print(f"{'run dir':>12s}: {Path(r['checkpoint']).parent}")
+        print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")
+    print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
 
 def _train(a) -> int:
     from neuronfrontier.train import train
