@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table', 'rms_norm',
-           'swiglu', 'attention', 'cross_entropy', 'rms_norm_torch', 'swiglu_torch', 'attention_torch',
-           'cross_entropy_torch']
+__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
+           'torch_neuronx_module', 'rel_err', 'rms_norm', 'swiglu', 'attention', 'cross_entropy', 'rms_norm_torch',
+           'swiglu_torch', 'attention_torch', 'cross_entropy_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "attention", "cross_entropy")
@@ -80,6 +80,22 @@ def backend_table(device="cpu") -> dict[str, str]:
     return {op: resolve(op, device) for op in OPS}
 
 def _call(op, first, *args, **kw): return _IMPLS[op][resolve(op, first.device)](first, *args, **kw)
+
+# %% ../nbs/03_ops.ipynb #0af597bd
+def torch_neuronx_module():
+    "`torch_neuronx` when the real NKI and TorchNeuron are both importable (a trn2 machine), else None; never raises."
+    from neuronfrontier.sim import REAL_NKI
+    if not REAL_NKI: return None
+    try:
+        import torch_neuronx
+        return torch_neuronx
+    except Exception:
+        return None
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    "max|a − b| / max|b|, computed in fp64."
+    a, b = a.double(), b.double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 # %% ../nbs/03_ops.ipynb #99e9b258
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

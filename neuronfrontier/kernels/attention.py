@@ -224,9 +224,9 @@ def attention_nki_sim(q, k, v, causal=True):
 # %% ../../nbs/14_kernel_attention.ipynb #7a0b41c0
 def _register_nki_backend() -> bool:
     "Register the `nki` backend of `attention` when the real NKI and torch_neuronx are importable; True if registered."
-    if not REAL_NKI: return False
-    try: from torch_neuronx import nki_op
-    except Exception: return False
+    tnx = ops.torch_neuronx_module()
+    if tnx is None: return False
+    nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::flash_attention_fwd", mutates_args={})
     def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['P', 'VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel', 'CrossEntropySim',
@@ -328,14 +328,6 @@ def hbm_bytes(N, d, V, vocab_size=None, itemsize=4, block_tiles=None):
                 bwd=(N * d * b + B * Vc * d * b + 12 * N + (B - 1) * Vc * d * 4, 4 * N * d + 4 * B * Vc * d + 4 * (V - Vc) * d))
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ea6f6316
-def _torch_neuronx():
-    "torch_neuronx when the real NKI and TorchNeuron are importable, else None."
-    if not REAL_NKI: return None
-    try:
-        import torch_neuronx
-        return torch_neuronx
-    except Exception: return None
-
 def _register_nki(tnx):
     "Register the kernels as torch custom ops with autograd and as the `nki` backend of `cross_entropy`."
     nki_op = tnx.nki_op
@@ -376,5 +368,5 @@ def _register_nki(tnx):
         return _reduce(loss[:N, 0], targets, reduction)
     return cross_entropy_nki
 
-_tnx = _torch_neuronx()
+_tnx = ops.torch_neuronx_module()
 if _tnx is not None: _register_nki(_tnx)

@@ -10,8 +10,8 @@ from .. import ops
 from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
 
 # %% auto #0
-__all__ = ['P', 'FMAX', 'MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_shape', 'RMSNormSim',
-           'rms_norm_nki_sim', 'rel_err', 'compare_backends', 'traffic']
+__all__ = ['P', 'FMAX', 'MAX_D', 'NKI_REGISTERED', 'rel_err', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_shape',
+           'RMSNormSim', 'rms_norm_nki_sim', 'compare_backends', 'traffic']
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #a1545d6e
 P = 128          # partitions: rows per tile
@@ -158,10 +158,9 @@ def rms_norm_nki_sim(x, weight, eps=1e-6):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #380aa974
 def _register_nki():
     "Register the `nki` backend through torch_neuronx.nki_op (trn2 only; returns False when unavailable)."
-    if not REAL_NKI: return False
-    try:
-        from torch_neuronx import nki_op
-    except Exception: return False
+    tnx = ops.torch_neuronx_module()
+    if tnx is None: return False
+    nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::rms_norm_fwd", mutates_args=())
     def _fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,10 +192,7 @@ def _register_nki():
 NKI_REGISTERED = _register_nki()
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #b7a94ede
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    "max|a − b| / max|b| in fp64."
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+rel_err = ops.rel_err
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 

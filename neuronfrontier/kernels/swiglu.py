@@ -10,9 +10,9 @@ from .. import ops
 from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
 
 # %% auto #0
-__all__ = ['P', 'FMAX', 'W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel',
+__all__ = ['P', 'FMAX', 'W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'rel_err', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel',
            'check_shape', 'fwd_block', 'bwd_chunk', 'swiglu_forward_sim', 'swiglu_backward_sim', 'SwiGLUSim',
-           'swiglu_nki_sim', 'rel_err', 'compare_backends', 'traffic']
+           'swiglu_nki_sim', 'compare_backends', 'traffic']
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #769ce91f
 P = 128                    # partitions; also the TensorEngine contraction / stationary width
@@ -225,10 +225,9 @@ def swiglu_nki_sim(x, w_gate, w_up):
 # %% ../../nbs/13_kernel_swiglu.ipynb #ddfb8cc7
 def _register_nki():
     "Register the `nki` backend through torch_neuronx.nki_op (trn2 only; returns False when unavailable)."
-    if not REAL_NKI: return False
-    try:
-        from torch_neuronx import nki_op
-    except Exception: return False
+    tnx = ops.torch_neuronx_module()
+    if tnx is None: return False
+    nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::swiglu_fwd", mutates_args=())
     def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
@@ -259,10 +258,7 @@ def _register_nki():
 NKI_REGISTERED = _register_nki()
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #12780671
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    "max|a − b| / max|b| in fp64."
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+rel_err = ops.rel_err
 
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
