@@ -8,8 +8,8 @@ import dataclasses, json, math
 from dataclasses import dataclass, field, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig', 'validate_train',
-           'apply_overrides', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig',
+           'validate_train', 'apply_overrides', 'resolve', 'config_dict']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -23,6 +23,9 @@ def _nearest_aligned(v: int, multiple: int = TILE) -> str:
     return f"{lo} or {hi}" if lo and lo != hi else f"{hi}"
 
 # %% ../nbs/01_config.ipynb #3d339c9f
+MLPS = ("swiglu", "relu2")
+VE_GATE_CHANNELS = TILE  # the value-embedding gate reads the first 128 channels of the block input (one tile)
+
 @dataclass
 class ModelConfig:
     "Shape and architecture switches of the GPT. Every width is a multiple of 128 (see `validate`)."
@@ -31,12 +34,15 @@ class ModelConfig:
     n_layers: int = 12
     n_heads: int = 12
     d_head: int = 64           # 64 or 128; n_heads*d_head is the attention width
-    d_mlp: int = 2048          # SwiGLU hidden width
+    d_mlp: int = 2048          # MLP hidden width
     seq_len: int = 1024        # training context length (RoPE tables are built for this)
     qk_norm: bool = True       # RMSNorm on q and k per head
     softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
+    mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
+    value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
+    layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
 
     @property
     def padded_vocab(self) -> int: return pad_to(self.vocab_size)
@@ -57,26 +63,35 @@ class ModelConfig:
         if self.seq_len % TILE:
             raise ValueError(f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(self.seq_len)}")
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
+        if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
         return self
 
+    def has_ve(self, layer: int) -> bool:
+        "Whether block `layer` gets a value embedding: every other layer, counted back from the last."
+        return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
+
+    def _matmul_params(self) -> int:
+        "Weights that multiply activations: attention, MLP, value-embedding gates and the head."
+        d, a = self.d_model, self.d_attn
+        mlp = (3 if self.mlp == "swiglu" else 2) * d * self.d_mlp
+        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * VE_GATE_CHANNELS * self.n_heads
+        return self.n_layers * (4 * d * a + mlp) + gates + self.padded_vocab * d
+
     def n_params(self, embedding: bool = True) -> int:
-        "Parameter count (embedding and head at the padded vocabulary)."
-        d, a, V = self.d_model, self.d_attn, self.padded_vocab
-        attn = d * a * 3 + a * d + (2 * self.d_head if self.qk_norm else 0)
-        mlp = 3 * d * self.d_mlp
-        block = attn + mlp + 2 * d
-        n = self.n_layers * block + d + V * d  # blocks, final norm, head
-        return n + (V * d if embedding else 0)
+        "Parameter count (embedding, value embeddings and head at the padded vocabulary)."
+        d, L = self.d_model, self.n_layers
+        gains = L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d   # norm weights, final norm
+        scalars = 2 * L if self.layer_scalars else 0
+        tables = self.padded_vocab * (d + sum(self.has_ve(i) for i in range(L)) * self.d_attn)  # wte + value embeddings
+        return self._matmul_params() + gains + scalars + (tables if embedding else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         "Training FLOPs per token (forward + backward = 3× forward): 6·N_matmul + causal attention 6·L·T·d_attn."
         T = seq_len or self.seq_len
-        n_matmul = self.n_params(embedding=False) - self.n_layers * (2 * self.d_model) - self.d_model
-        n_matmul -= self.n_layers * (2 * self.d_head if self.qk_norm else 0)
         attn = 6 * self.n_layers * T * self.d_attn  # QK^T and PV: 2·2·T·d_attn fwd, causal halves it, ×3 fwd+bwd
-        return 6 * n_matmul + attn
+        return 6 * self._matmul_params() + attn
 
-# %% ../nbs/01_config.ipynb #f66de258
+# %% ../nbs/01_config.ipynb #5a66bae5
 @dataclass
 class TrainConfig:
     "Optimisation and run settings; every field can be overridden with `--set key=value`."
@@ -89,7 +104,10 @@ class TrainConfig:
     scalar_lr: float = 3e-3     # AdamW lr for norm weights and other 1D parameters
     muon_lr: float = 0.025      # Muon lr for 2D block weights (when optim='muon')
     muon_momentum: float = 0.95
+    normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
     weight_decay: float = 0.0
+    cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
+    lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0      # 0 disables
@@ -105,7 +123,7 @@ class TrainConfig:
     eval_batch_size: int = 8
     log_every: int = 10
 
-# %% ../nbs/01_config.ipynb #b35caf57
+# %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 _DTYPES = ("fp32", "bf16")
 
@@ -119,6 +137,7 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     for k in ("warmup_frac", "cooldown_frac", "final_lr_frac"):
         if not 0 <= getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1]")
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
+    if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
