@@ -11,12 +11,13 @@ import torch
 from .config import ModelConfig, TrainConfig, resolve, config_dict
 from .data import find_shards, load_tokenizer, PackedLoader, val_batches, unigram_bpb, DataError
 from .model import GPT
-from .optim import build_optimizers, lr_multiplier
+from .optim import build_optimizers, lr_multiplier, weight_decay_multiplier
 from .evaluate import evaluate_bpb
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['neuron_available', 'pick_device', 'hw_name', 'save_checkpoint', 'load_for_eval', 'train_step', 'Watchdog', 'train']
+__all__ = ['neuron_available', 'pick_device', 'hw_name', 'reuse_freed_memory', 'save_checkpoint', 'load_for_eval', 'train_step',
+           'Watchdog', 'train']
 
 # %% ../nbs/30_train.ipynb #1499ee2a
 def neuron_available() -> bool:
@@ -45,6 +46,15 @@ def hw_name(device: torch.device) -> str:
         return "h100" if "h100" in n else "h200"
     return "cpu"
 
+# %% ../nbs/30_train.ipynb #112a71b3
+def reuse_freed_memory() -> bool:
+    "glibc: keep freed memory in the heap (no trimming, blocks up to 32 MB from the heap) so a step's buffers are reused; False where unavailable."
+    import ctypes, ctypes.util
+    try: libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"); mallopt = libc.mallopt
+    except (OSError, AttributeError): return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1) and mallopt(M_MMAP_THRESHOLD, 32 * 2**20))
+
 # %% ../nbs/30_train.ipynb #529e7a24
 def save_checkpoint(path: Path, model: GPT, opts=None, state: dict | None = None, tcfg: TrainConfig | None = None):
     "Atomically write model config + weights (+ optimiser and run state for `--resume`) to `path`."
@@ -70,7 +80,7 @@ def _autocast(device: torch.device, dtype: str):
     import contextlib
     return contextlib.nullcontext()
 
-def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device) -> torch.Tensor:
+def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device, wd_mult: float = 1.0) -> torch.Tensor:
     "One optimiser step over `grad_accum` micro-batches from the iterator `batches`; returns the mean loss (a tensor)."
     total = torch.zeros((), device=device)
     for _ in range(tcfg.grad_accum):
@@ -82,7 +92,9 @@ def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device) 
         total += loss.detach()
     if tcfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
     for o in opts:
-        for g in o.param_groups: g["lr"] = g["initial_lr"] * lr_mult
+        for g in o.param_groups:
+            g["lr"] = g["initial_lr"] * lr_mult
+            if "initial_weight_decay" in g: g["weight_decay"] = g["initial_weight_decay"] * wd_mult
         o.step()
     for o in opts: o.zero_grad(set_to_none=True)
     return total
@@ -137,6 +149,7 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         mcfg.vocab_size = enc.n_vocab; mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
     say = print if verbose else (lambda *a, **k: None)
     ops.set_backend(tcfg.kernels)
+    if dev.type == "cpu": reuse_freed_memory()
 
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
@@ -184,7 +197,7 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
             frac = state["step"] / steps if steps is not None else state["train_ns"] / wd.budget_ns
             mult = lr_multiplier(frac, tcfg)
             ts = time.perf_counter_ns()
-            loss_t = train_step(run_model, opts, loader, tcfg, mult, dev)
+            loss_t = train_step(run_model, opts, loader, tcfg, mult, dev, weight_decay_multiplier(frac, tcfg))
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
             if check: last_loss = loss_t.item()  # syncs the device
             elif dev.type == "cuda": torch.cuda.synchronize()
