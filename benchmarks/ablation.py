@@ -11,7 +11,7 @@ same validation tokens; the sweep machinery (`neuronfrontier.sweep`) runs them, 
 val_bpb mean ± sd over seeds, Δ to the reference variant, tokens/s, steps. Numbers are measured on whatever
 machine runs the script (label them so when you quote them).
 """
-import argparse, sys
+import argparse, shlex, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def main(argv=None):
     from neuronfrontier.sweep import run_sweep
     data = prepare(Path(a.data), log=lambda *x: None)
     settings = {v: VARIANTS[v] for v in a.variants}
-    print(f"`python benchmarks/ablation.py {' '.join(argv if argv is not None else sys.argv[1:])}` — measured on this machine's CPU", flush=True)
+    print(f"`python benchmarks/ablation.py {shlex.join(argv if argv is not None else sys.argv[1:])}` — measured on this machine's CPU", flush=True)
     _, failures = run_sweep(a.config, settings, a.seeds, a.out, data, None if a.steps else a.budget, a.steps, None, a.sets,
                             a.jobs, a.threads, a.device, a.reference or a.variants[0], log=lambda m: print(m, flush=True))
     return 1 if failures else 0
