@@ -11,7 +11,8 @@ from torch import nn, Tensor
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5', 'Muon',
-           'build_optimizers', 'optimizer_table', 'lr_multiplier', 'muon_momentum', 'ns_flops', 'muon_shapes']
+           'build_optimizers', 'optimizer_table', 'lr_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops',
+           'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -148,7 +149,7 @@ def _role(name: str, p: Tensor) -> str:
     return "scalar"
 
 def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtype: torch.dtype | None = None,
-                     coeffs="quintic", distributed: bool | None = None) -> list[torch.optim.Optimizer]:
+                     coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
     "Split `model`'s parameters into Muon (2D block weights, when `recipe.optim == 'muon'`) and AdamW groups; return the optimizers."
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
@@ -168,7 +169,7 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
     if muon_params:
         opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block")],
                          lr=lrs["block"], momentum=recipe.muon_momentum, weight_decay=recipe.weight_decay,
-                         coeffs=coeffs, ns_dtype=ns_dtype, distributed=distributed))
+                         coeffs=coeffs or recipe.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed))
     if adam_groups:
         opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=recipe.lr, betas=(recipe.beta1, recipe.beta2),
                                       eps=1e-8, weight_decay=0.0))
@@ -204,6 +205,16 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     if ramp_frac <= 0: return end
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
+
+def apply_schedule(opts, recipe, frac: float) -> tuple[float, float]:
+    "Set every group's lr (initial_lr × `lr_multiplier`) and every Muon group's momentum for budget fraction `frac`; return (lr multiplier, momentum)."
+    mult = lr_multiplier(frac, recipe)
+    mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
+    for o in opts:
+        for g in o.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+            if isinstance(o, Muon): g["momentum"] = mom
+    return mult, mom
 
 # %% ../nbs/20_optim.ipynb #6728e0eb
 def ns_flops(shape, steps: int = 5) -> int:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_nki_sim.ipynb #037f52da
 from __future__ import annotations
-import os, sys, time, math, types, weakref, inspect, itertools, functools
+import os, sys, time, types, weakref, itertools, functools
 from dataclasses import dataclass, field
 import numpy as np
 import ml_dtypes

@@ -1,8 +1,8 @@
 """Tests of the NKI CPU simulator (`neuronfrontier.sim`): kernels written from the public NKI docs, every
 hardware constraint tripping, and every `Trace` field against a hand count."""
 import numpy as np, ml_dtypes, pytest
-from neuronfrontier.sim import nki, nl, nisa, simulate, last_trace, NKIConstraintError, Trace, REAL_NKI
-from neuronfrontier.hw import estimate_time, TRN2
+from neuronfrontier.sim import nki, nl, nisa, simulate, last_trace, NKIConstraintError, REAL_NKI
+from neuronfrontier.hw import estimate_time
 
 pytestmark = pytest.mark.skipif(REAL_NKI, reason='emulator-specific tests (a real NKI is installed)')
 rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['NEG', 'KB', 'NKI_BACKEND', 'TOL', 'flash_fwd_kernel', 'flash_bwd_kernel', 'check_attention_args', 'FlashAttentionSim',

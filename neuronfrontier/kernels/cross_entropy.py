@@ -4,7 +4,6 @@
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f331954f
 from __future__ import annotations
-import math
 import torch
 from .. import ops
 from ..sim import nki, nl, nisa, simulate

@@ -4,10 +4,9 @@
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #8f92ed6b
 from __future__ import annotations
-import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
+from ..sim import nki, nl, nisa, simulate, last_trace
 
 # %% auto #0
 __all__ = ['P', 'FMAX', 'MAX_D', 'NKI_REGISTERED', 'rel_err', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_shape',

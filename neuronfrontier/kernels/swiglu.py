@@ -4,10 +4,9 @@
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #38bfe9d6
 from __future__ import annotations
-import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
+from ..sim import nki, nl, nisa, simulate, last_trace
 
 # %% auto #0
 __all__ = ['P', 'FMAX', 'W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'rel_err', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel',
