@@ -1328,8 +1328,7 @@ def _hl_binary(o, x, y, dtype):
         if _pf(small) != (big.shape[0], 1):
             _fail(w, f'x {x.shape} and y {y.shape}: tiles must have the same shape, or one be a ({big.shape[0]}, 1) vector')
         t0 = big
-    P = t0.shape[0]
-    val = lambda a: (_f32(a) if _pf(a) == _pf(t0) else _f32(a)) if type(a) is NkiTensor else np.float32(a)
+    val = lambda a: _f32(a) if type(a) is NkiTensor else np.float32(a)   # a (P, 1) vector broadcasts over (P, F)
     dt = t0.dtype if dtype is None else dtype
     if o.kind == 'bitvec':
         _ints(w, (('x', x), ('y', y)))
@@ -1518,15 +1517,15 @@ def _outputs(t):
 
 class Kernel:
     "A `nki.jit` kernel: `kernel[lnc]` launches it on `lnc` logical cores (1 or 2 on trn2); calling it simulates."
-    def __init__(self, fn, lnc=None, **opts):
-        self.fn, self.lnc, self.opts = fn, lnc, opts
+    def __init__(self, fn, lnc=None):
+        self.fn, self.lnc = fn, lnc
         functools.update_wrapper(self, fn)
     def __getitem__(self, lnc):
         if isinstance(lnc, tuple) and len(lnc) == 1: lnc = lnc[0]
         if not isinstance(lnc, (int, np.integer)) or isinstance(lnc, bool) or not 1 <= lnc <= MAX_LNC:
             _fail(f'{self.fn.__name__}[{lnc!r}]', f'the bracket is the logical-core count, 1 or {MAX_LNC} on trn2 '
                                                  f'(NEURON_LOGICAL_NC_CONFIG), not a launch grid; loop over the work inside the kernel')
-        return Kernel(self.fn, int(lnc), **self.opts)
+        return Kernel(self.fn, int(lnc))
     def __call__(self, *args, **kwargs):
         if _STATE[0] is not None and _STATE[0].active: return self.fn(*args, **kwargs)  # a kernel calling a kernel
         return _run(self, args, kwargs)

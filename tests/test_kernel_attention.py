@@ -130,3 +130,18 @@ def test_nki_backend_wiring_with_a_custom_op_stand_in(fake_torch_neuronx):
         assert max(e.values()) < TOL[torch.float32], e
     finally:
         ops._IMPLS["attention"].pop("nki", None)
+
+
+def test_dry_run_counts_the_kernels_exactly():
+    "The dense-124m instruction counts in the notebook come from dry runs: on a small launch they equal a full simulation."
+    torch.manual_seed(1)
+    BH, T, d = 3, 384, 64
+    q, k, v, do = (torch.randn(BH, T, d) for _ in range(4))
+    qT, kT, vT, doT = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+    o, lse = simulate(flash_fwd_kernel[2])(qT, kT, v)
+    args = (qT, kT, vT, q, k, do, doT, lse, (do * o).sum(-1, keepdim=True))
+    for kern, a in ((flash_fwd_kernel[2], (qT, kT, v)), (flash_bwd_kernel[2], args)):
+        full, dry = traffic(kern, *a), traffic(kern, *a, dry=True)
+        for f in ("engine_instructions", "program_instructions", "hbm_read_bytes", "hbm_write_bytes", "peak_sbuf_bytes",
+                  "peak_psum_bytes", "pe_cycles", "vector_elems", "scalar_elems", "gpsimd_elems"):
+            assert getattr(full, f) == getattr(dry, f), f
