@@ -4,7 +4,7 @@
 
 # %% ../nbs/50_cli.ipynb #aaa1c7f2
 from __future__ import annotations
-import argparse, json, sys, time
+import argparse, sys, time
 from pathlib import Path
 
 # %% auto #0
@@ -20,7 +20,7 @@ DEFAULT_DATA = {"embedded": "data/cache/pydocs", "climbmix": "data/climbmix"}
 
 def _run_flags(p):
     p.add_argument("--config", default="cpu-tiny", help="model preset (see `neuronfrontier info`)")
-    p.add_argument("--recipe", default=None, help="named bundle of overrides: baseline or frontier")
+    p.add_argument("--recipe", default=None, help="named bundle of overrides: frontier (the default settings), baseline, kit-eval")
     p.add_argument("--budget", type=float, default=300.0, help="charged training seconds (default 300)")
     p.add_argument("--steps", type=int, default=None, help="train exactly N steps instead of a time budget")
     p.add_argument("--seed", type=int, default=0)
@@ -28,13 +28,15 @@ def _run_flags(p):
     p.add_argument("--data", default=None, help="data directory with shard_*.parquet and tokenizer/")
     p.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    p.add_argument("--resume", action="store_true", help="continue from resume.pt in --out")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
 
 def _prep_flags(p):
     p.add_argument("--source", default="embedded", choices=["embedded", "climbmix"])
     p.add_argument("--shards", type=int, default=8, help="embedded: shards to split into; climbmix: training shards to download")
     p.add_argument("--tokenizer", default="bpe8k", choices=["bpe8k", "gpt2"])
+    p.add_argument("--tokenizer-dir", default=None, help="the competition kit's tokenizer.pkl + token_bytes.pt (required for climbmix)")
+    p.add_argument("--train-tokenizer", action="store_true", help="climbmix: train our own BPE instead of the kit's (ids differ from the scorer's)")
     p.add_argument("--base-url", default=None, help="climbmix mirror (URL or local directory)")
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,11 +68,12 @@ def _data_dir(a) -> Path: return Path(a.data or DEFAULT_DATA[getattr(a, "source"
 
 def _prepare(a):
     from neuronfrontier.data import prepare, CLIMBMIX_URL
-    return prepare(_data_dir(a), source=a.source, n_shards=a.shards, tokenizer=a.tokenizer, base_url=a.base_url or CLIMBMIX_URL)
+    return prepare(_data_dir(a), source=a.source, n_shards=a.shards, tokenizer=a.tokenizer, base_url=a.base_url or CLIMBMIX_URL,
+                   tokenizer_dir=a.tokenizer_dir, own_tokenizer=a.train_tokenizer)
 
 def _print_result(r: dict):
-    keys = ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "eval_s", "overrun_s", "max_step_s",
-            "loader_utilisation", "unigram_bpb")
+    keys = ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "compile_s", "eval_s", "overrun_s", "max_step_s",
+            "loader_utilisation", "tokenizer_source", "unigram_bpb")
     for k in keys:
         v = r.get(k)
         print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")

@@ -4,8 +4,7 @@
 
 # %% ../nbs/01_config.ipynb #b645d86d
 from __future__ import annotations
-import dataclasses, json, math
-from dataclasses import dataclass, field, fields, asdict, replace
+from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig',
@@ -34,8 +33,8 @@ class ModelConfig:
     n_layers: int = 12
     n_heads: int = 12
     d_head: int = 64           # 64 or 128; n_heads*d_head is the attention width
-    d_mlp: int = 2048          # MLP hidden width
-    seq_len: int = 1024        # training context length (RoPE tables are built for this)
+    d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
+    seq_len: int = 1024        # training context length: at least the length the model is scored at
     qk_norm: bool = True       # RMSNorm on q and k per head
     softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
     rope_base: float = 10000.0
@@ -97,13 +96,16 @@ class TrainConfig:
     "Optimisation and run settings; every field can be overridden with `--set key=value`."
     batch_size: int = 16        # sequences per micro-batch (per rank)
     grad_accum: int = 1         # micro-batches per optimizer step
-    optim: str = "adamw"        # 'adamw' or 'muon' (Muon for 2D block weights + AdamW for the rest)
+    optim: str = "muon"         # 'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'
     lr: float = 3e-3            # AdamW lr for block weights (when optim='adamw')
     embed_lr: float = 3e-3      # AdamW lr for the token embedding
     head_lr: float = 3e-3       # AdamW lr for the head
     scalar_lr: float = 3e-3     # AdamW lr for norm weights and other 1D parameters
     muon_lr: float = 0.025      # Muon lr for 2D block weights (when optim='muon')
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95         # Muon momentum after its warm-up
+    muon_momentum_start: float = 0.85   # ... rising linearly from this value
+    muon_momentum_warmup: float = 0.1   # ... over this fraction of the budget (0: constant)
+    ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
     normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
     weight_decay: float = 0.0
     cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
@@ -116,41 +118,47 @@ class TrainConfig:
     cooldown_frac: float = 0.4
     final_lr_frac: float = 0.0
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
-    dtype: str = "fp32"         # 'fp32' or 'bf16' autocast for matmuls (cuda/neuron)
-    compile: bool = False       # torch.compile the model (compile time is charged to warm-up)
+    dtype: str = "fp32"         # 'fp32' or 'bf16': autocast forward and backward (cpu, cuda, neuron)
+    compile: bool = False       # torch.compile the loss path (compiled during the warm-up)
+    charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
     eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
-    eval_seq_len: int = 512     # eval sequence length: the same for every preset
+    eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
     eval_batch_size: int = 8
+    eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
     log_every: int = 10
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
-_DTYPES = ("fp32", "bf16")
+_DTYPES, _NS_COEFFS = ("fp32", "bf16"), ("quintic", "polar_express")
 
 def validate_train(t: TrainConfig) -> TrainConfig:
     "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."
     if t.schedule not in _SCHEDULES: raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
     if t.optim not in _OPTIMS: raise ValueError(f"optim={t.optim!r} is unknown; use one of {', '.join(_OPTIMS)}")
-    if t.dtype not in _DTYPES: raise ValueError(f"dtype={t.dtype!r} is unknown; use one of {', '.join(_DTYPES)}")
+    for k in ("dtype", "eval_dtype"):
+        if getattr(t, k) not in _DTYPES: raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(_DTYPES)}")
+    if t.ns_coeffs not in _NS_COEFFS: raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
     for k in ("batch_size", "grad_accum", "eval_tokens", "eval_seq_len", "eval_batch_size", "log_every"):
         if getattr(t, k) <= 0: raise ValueError(f"{k}={getattr(t, k)} must be positive")
-    for k in ("warmup_frac", "cooldown_frac", "final_lr_frac"):
+    for k in ("warmup_frac", "cooldown_frac", "final_lr_frac", "muon_momentum_warmup"):
         if not 0 <= getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1]")
+    for k in ("muon_momentum", "muon_momentum_start"):
+        if not 0 <= getattr(t, k) < 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1)")
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
 CONFIGS: dict[str, ModelConfig] = {
-    "dense-124m": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=2048, seq_len=1024),
-    "cpu-tiny": ModelConfig(d_model=256, n_layers=4, n_heads=4, d_head=64, d_mlp=768, seq_len=256),
-    "cpu-micro": ModelConfig(d_model=128, n_layers=2, n_heads=2, d_head=64, d_mlp=256, seq_len=128),
+    "dense-124m": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=2048, seq_len=2048),
+    "cpu-tiny": ModelConfig(d_model=256, n_layers=4, n_heads=4, d_head=64, d_mlp=768, seq_len=512),
+    "cpu-micro": ModelConfig(d_model=128, n_layers=2, n_heads=2, d_head=64, d_mlp=256, seq_len=512),
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
-    "dense-124m": TrainConfig(batch_size=32, dtype="bf16"),
-    "cpu-tiny": TrainConfig(batch_size=16),
-    "cpu-micro": TrainConfig(batch_size=8),
+    "dense-124m": TrainConfig(batch_size=16, dtype="bf16", eval_seq_len=2048),
+    "cpu-tiny": TrainConfig(batch_size=8),
+    "cpu-micro": TrainConfig(batch_size=2),
 }
 
 # %% ../nbs/01_config.ipynb #cf979e66
@@ -187,7 +195,7 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
 RECIPES: dict[str, list[str]] = {
     "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false"],
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
-    "kit-eval": ["eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
+    "kit-eval": ["seq_len=2048", "eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
 }
 
 def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
@@ -198,7 +206,11 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
     for r in names:
         if r not in RECIPES: raise ValueError(f"unknown recipe {r!r}; choose one of: {', '.join(RECIPES)}")
     m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
-    return m.validate(), validate_train(t)
+    m.validate(); validate_train(t)
+    if t.eval_seq_len > m.seq_len:
+        raise ValueError(f"eval_seq_len={t.eval_seq_len} exceeds seq_len={m.seq_len}: the model would be scored at positions it "
+                         f"never trained on; train at least at the scored length (--set seq_len={t.eval_seq_len})")
+    return m, t
 
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:
     "JSON-able record of a run's configuration."

@@ -25,8 +25,8 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
             V = logits.shape[-1]
             yc = y.clamp(0, V - 1)
             nll = F.cross_entropy(logits.reshape(-1, V), yc.reshape(-1), reduction="none")
-            b = token_bytes.to(y.device)[yc.reshape(-1)].to(torch.float64) * (y.reshape(-1) >= 0)
-            nats += (nll.double() * (b > 0)).sum().cpu()
+            b = torch.where(y.reshape(-1) >= 0, token_bytes.to(y.device)[yc.reshape(-1)].to(torch.float64), 0.0)
+            nats += torch.where(b > 0, nll.double(), 0.0).sum().cpu()
             nbytes += b.sum().cpu()
     finally:
         if was_training: model.train()

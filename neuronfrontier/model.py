@@ -4,11 +4,10 @@
 
 # %% ../nbs/02_model.ipynb #32bd1abf
 from __future__ import annotations
-import math
+import contextlib
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from .config import ModelConfig, CONFIGS, VE_GATE_CHANNELS
+from .config import ModelConfig, VE_GATE_CHANNELS
 from . import ops
 
 # %% auto #0
@@ -81,9 +80,11 @@ class Block(nn.Module):
 # %% ../nbs/02_model.ipynb #bf52aba2
 class GPT(nn.Module):
     "Decoder-only transformer; `model(idx)` → logits [B, T, padded_vocab] (padding columns are -inf)."
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: str | None = None):
         super().__init__()
         self.cfg = cfg.validate()
+        if kernels is not None: ops.parse_backend(kernels)  # fail early on a bad spec
+        self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, cfg.has_ve(i)) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
@@ -114,15 +115,20 @@ class GPT(nn.Module):
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}
         return self._rope[key]
 
+    def _ops(self):
+        "The ops backend this model runs under: its pinned `kernels`, or whatever is set process-wide."
+        return ops.use_backend(self.kernels) if self.kernels else contextlib.nullcontext()
+
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         "Final normalised hidden states [B, T, d_model]."
         cos, sin = self.rope(idx.shape[1], idx.device)
-        x = x0 = self.wte(idx)
-        for i, b in enumerate(self.blocks):
-            if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-            ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
-            x = b(x, cos, sin, ve)
-        return self.norm_f(x)
+        with self._ops():
+            x = x0 = self.wte(idx)
+            for i, b in enumerate(self.blocks):
+                if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+                ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+                x = b(x, cos, sin, ve)
+            return self.norm_f(x)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.hidden(idx)).float()
@@ -134,5 +140,6 @@ class GPT(nn.Module):
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`."
         h = self.hidden(idx)
-        return ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                 softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        with self._ops():
+            return ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                     softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)

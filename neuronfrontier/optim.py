@@ -13,7 +13,7 @@ from .config import VE_GATE_CHANNELS
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5', 'Muon',
            'normuon_scale', 'build_optimizers', 'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier',
-           'muon_momentum', 'ns_flops', 'muon_shapes']
+           'muon_momentum', 'apply_schedule', 'ns_flops', 'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -162,7 +162,7 @@ def _role(name: str, p: Tensor) -> str:
     return "scalar"
 
 def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtype: torch.dtype | None = None,
-                     coeffs="quintic", distributed: bool | None = None) -> list[torch.optim.Optimizer]:
+                     coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
     "Split `model`'s parameters into Muon (2D block weights, when `recipe.optim == 'muon'`) and AdamW groups; return the optimizers."
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
@@ -184,7 +184,7 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
         opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block",
                                initial_weight_decay=recipe.weight_decay)],
                          lr=lrs["block"], momentum=recipe.muon_momentum, weight_decay=recipe.weight_decay,
-                         coeffs=coeffs, ns_dtype=ns_dtype, distributed=distributed,
+                         coeffs=coeffs or recipe.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
                          normuon=recipe.normuon, cautious_wd=recipe.cautious_wd))
     if adam_groups:
         opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=recipe.lr, betas=(recipe.beta1, recipe.beta2),
@@ -230,6 +230,17 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     if ramp_frac <= 0: return end
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
+
+def apply_schedule(opts, recipe, frac: float) -> tuple[float, float]:
+    "Set every group's lr (initial_lr × `lr_multiplier`), weight decay (× `weight_decay_multiplier`) and every Muon group's momentum for budget fraction `frac`; return (lr multiplier, momentum)."
+    mult, wdm = lr_multiplier(frac, recipe), weight_decay_multiplier(frac, recipe)
+    mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
+    for o in opts:
+        for g in o.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+            if "initial_weight_decay" in g: g["weight_decay"] = g["initial_weight_decay"] * wdm
+            if isinstance(o, Muon): g["momentum"] = mom
+    return mult, mom
 
 # %% ../nbs/20_optim.ipynb #6728e0eb
 def ns_flops(shape, steps: int = 5) -> int:

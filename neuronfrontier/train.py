@@ -4,20 +4,20 @@
 
 # %% ../nbs/30_train.ipynb #ecca3157
 from __future__ import annotations
-import json, math, os, signal, sys, time
+import contextlib, copy, json, math, os, signal, sys, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
 from .config import ModelConfig, TrainConfig, resolve, config_dict
-from .data import find_shards, load_tokenizer, PackedLoader, val_batches, unigram_bpb, DataError
+from .data import find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader, val_batches, unigram_bpb
 from .model import GPT
-from .optim import build_optimizers, lr_multiplier, weight_decay_multiplier
+from .optim import build_optimizers, lr_multiplier, apply_schedule
 from .evaluate import evaluate_bpb
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['neuron_available', 'pick_device', 'hw_name', 'reuse_freed_memory', 'save_checkpoint', 'load_for_eval', 'train_step',
-           'Watchdog', 'train']
+__all__ = ['UNIFORM_STRIKES', 'neuron_available', 'pick_device', 'logical_nc_config', 'hw_name', 'reuse_freed_memory',
+           'save_model', 'save_resume', 'load_for_eval', 'autocast', 'train_step', 'Watchdog', 'train']
 
 # %% ../nbs/30_train.ipynb #1499ee2a
 def neuron_available() -> bool:
@@ -38,9 +38,15 @@ def pick_device(name: str | None = None) -> torch.device:
     if name == "neuron" and not neuron_available(): raise ValueError("--device neuron: torch-neuronx is not installed or sees no NeuronCore; use --device cpu")
     return torch.device(name)
 
+def logical_nc_config() -> int:
+    "Physical NeuronCores one process drives on trn2: `NEURON_LOGICAL_NC_CONFIG` (1 or 2; unset means the default, 2)."
+    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2").strip()
+    if raw not in ("1", "2"): raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={raw!r}: the Neuron runtime supports 1 or 2")
+    return int(raw)
+
 def hw_name(device: torch.device) -> str:
     "The `neuronfrontier.hw` entry whose peak FLOP/s the MFU of one process on `device` is measured against."
-    if device.type == "neuron": return "trn2-core"
+    if device.type == "neuron": return {1: "trn2-core", 2: "trn2-lnc2"}[logical_nc_config()]
     if device.type == "cuda":
         n = torch.cuda.get_device_name(device).lower()
         return "h100" if "h100" in n else "h200"
@@ -56,46 +62,52 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1) and mallopt(M_MMAP_THRESHOLD, 32 * 2**20))
 
 # %% ../nbs/30_train.ipynb #529e7a24
-def save_checkpoint(path: Path, model: GPT, opts=None, state: dict | None = None, tcfg: TrainConfig | None = None):
-    "Atomically write model config + weights (+ optimiser and run state for `--resume`) to `path`."
+def _atomic_save(obj, path: Path) -> Path:
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    ck = {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
-    if tcfg is not None: ck["train_config"] = asdict(tcfg)
-    if opts is not None: ck["optimizers"] = [o.state_dict() for o in opts]
-    if state is not None: ck["state"] = state
-    torch.save(ck, path.with_suffix(".tmp")); os.replace(path.with_suffix(".tmp"), path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp); os.replace(tmp, path)
     return path
 
-def load_for_eval(checkpoint_path: str, device: torch.device) -> torch.nn.Module:
-    "The competition's loader: a consolidated, single-device, eval-mode GPT whose forward is tokens → logits."
+def _weights(model: GPT) -> dict:
+    return {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None) -> Path:
+    "Atomically write the weights-only checkpoint (`model.pt`): model config, weights, train/eval settings."
+    return _atomic_save(_weights(model) | ({"train_config": asdict(tcfg)} if tcfg is not None else {}), path)
+
+def save_resume(path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig) -> Path:
+    "Atomically write the full training state (`resume.pt`) that `--resume` continues from."
+    rng = {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})
+    return _atomic_save(_weights(model) | {"train_config": asdict(tcfg), "optimizers": [o.state_dict() for o in opts],
+                                           "state": dict(state), "rng": rng}, path)
+
+def load_for_eval(checkpoint_path: str, device: torch.device, kernels: str | None = "torch") -> torch.nn.Module:
+    "The competition's loader: a consolidated, single-device, eval-mode GPT (tokens → logits) pinned to `kernels` (default: plain PyTorch ops)."
     ck = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    model = GPT(ModelConfig(**ck["model_config"]))
+    model = GPT(ModelConfig(**ck["model_config"]), kernels=kernels)
     model.load_state_dict(ck["model"])
     return model.to(device).eval()
 
 # %% ../nbs/30_train.ipynb #bacbd915
-def _autocast(device: torch.device, dtype: str):
-    if dtype == "bf16" and device.type in ("cuda", "neuron"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    import contextlib
+def autocast(device: torch.device, dtype: str):
+    "`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context."
+    if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
-def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device, wd_mult: float = 1.0) -> torch.Tensor:
-    "One optimiser step over `grad_accum` micro-batches from the iterator `batches`; returns the mean loss (a tensor)."
+def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None) -> torch.Tensor:
+    "One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`; returns the mean loss (a device tensor)."
+    loss_fn = loss_fn or model.loss
+    apply_schedule(opts, tcfg, frac)
     total = torch.zeros((), device=device)
     for _ in range(tcfg.grad_accum):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with _autocast(device, tcfg.dtype):
-            loss = model.loss(x, y) / tcfg.grad_accum
+        with autocast(device, tcfg.dtype):
+            loss = loss_fn(x, y) / tcfg.grad_accum
         loss.backward()
         total += loss.detach()
     if tcfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-    for o in opts:
-        for g in o.param_groups:
-            g["lr"] = g["initial_lr"] * lr_mult
-            if "initial_weight_decay" in g: g["weight_decay"] = g["initial_weight_decay"] * wd_mult
-        o.step()
+    for o in opts: o.step()
     for o in opts: o.zero_grad(set_to_none=True)
     return total
 
@@ -132,6 +144,16 @@ class _Progress:
     def close(self):
         if self.bar is not None: self.bar.close()
 
+UNIFORM_STRIKES = 3  # consecutive post-warm-up log steps at loss >= ln V - 0.01 that count as divergence
+
+def _all_finite(model) -> bool:
+    "One host read: are all of `model`'s parameters finite?"
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+
+def _restore(model, opts, ck):
+    model.load_state_dict(ck["model"])
+    for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
+
 def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", out_dir: str | Path = "runs/latest",
           budget_s: float | None = 300.0, steps: int | None = None, seed: int = 0, device: str | None = None,
           sets=(), recipe: str | None = None, resume: bool = False, verbose: bool = True, callback=None) -> dict:
@@ -143,10 +165,14 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
     mcfg, tcfg = resolve(config, recipe, sets)
     dev = pick_device(device)
     train_paths, val_path = find_shards(data_dir)
-    enc, token_bytes = load_tokenizer(Path(data_dir) / "tokenizer")
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
+    tok_dir = Path(data_dir) / "tokenizer"
+    enc, token_bytes = load_tokenizer(tok_dir)
     if enc.n_vocab != mcfg.vocab_size:
         mcfg.vocab_size = enc.n_vocab; mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
+    out = Path(out_dir)
+    ck_path, rs_path = out / "model.pt", out / "resume.pt"
+    if resume and not rs_path.exists(): raise ValueError(f"--resume: no {rs_path.name} in {out}; run without --resume first")
+    out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     say = print if verbose else (lambda *a, **k: None)
     ops.set_backend(tcfg.kernels)
     if dev.type == "cpu": reuse_freed_memory()
@@ -156,32 +182,37 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
     opts = build_optimizers(model, tcfg, print_table=False)
     loader = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed)
     state = {"step": 0, "train_ns": 0, "tokens": 0}
-    ck_path = out / "model.pt"
     if resume:
-        if not ck_path.exists(): raise ValueError(f"--resume: no checkpoint at {ck_path}; run without --resume first")
-        ck = torch.load(ck_path, map_location="cpu", weights_only=False)
-        if ck.get("model_config") != asdict(mcfg): raise ValueError(f"--resume: {ck_path} was trained with a different model config")
-        model.load_state_dict(ck["model"])
-        for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
+        ck = torch.load(rs_path, map_location="cpu", weights_only=True)
+        if ck.get("model_config") != asdict(mcfg): raise ValueError(f"--resume: {rs_path} was trained with a different model config")
+        _restore(model, opts, ck)
         state = ck["state"]; loader.skip(state["loader_batches"])
+        torch.set_rng_state(ck["rng"]["cpu"])
+        if "cuda" in ck["rng"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
         say(f"resumed from step {state['step']} ({state['train_ns']/1e9:.1f}s charged)")
-    run_model = torch.compile(model) if tcfg.compile else model
-    run_model.train()
+    model.train()
+    loss_fn = torch.compile(model.loss, dynamic=False) if tcfg.compile else model.loss
     tokens_per_step = tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len
     fpt, hwn = mcfg.flops_per_token(), hw_name(dev)
     say(f"{config}: {mcfg.n_params()/1e6:.2f}M params, {tokens_per_step:,} tokens/step, device {dev}, "
-        f"ops {ops.backend_table(dev)}, {'budget %.0fs' % budget_s if steps is None else '%d steps' % steps}")
+        f"ops {ops.backend_table(dev)}, {tcfg.optim}/{tcfg.schedule}, {tcfg.dtype}{', compiled' if tcfg.compile else ''}, "
+        f"{'budget %.0fs' % budget_s if steps is None else '%d steps' % steps}")
 
-    # warm-up step: absorbs compilation; its update is undone so charged steps start from the initial state
-    snap = ({k: v.detach().clone() for k, v in model.state_dict().items()}, [o.state_dict() for o in opts])
-    import copy; snap = (snap[0], copy.deepcopy(snap[1]))
-    t0 = time.perf_counter_ns()
+    # warm-up: absorbs compilation (a second step absorbs recompiles and times a compiled step); undone afterwards
+    snap = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy([o.state_dict() for o in opts]))
     probe = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed + 10_000)
-    train_step(run_model, opts, probe, tcfg, 0.0, dev).item()
-    model.load_state_dict(snap[0]); [o.load_state_dict(s) for o, s in zip(opts, snap[1])]
-    warmup_ns = time.perf_counter_ns() - t0 + (t0 - t_start)
+    warm_ns = []
+    for _ in range(2 if tcfg.compile else 1):
+        t0 = time.perf_counter_ns()
+        train_step(model, opts, probe, tcfg, 0.0, dev, loss_fn).item()
+        warm_ns.append(time.perf_counter_ns() - t0)
+    _restore(model, opts, {"model": snap[0], "optimizers": snap[1]})
+    warmup_ns = time.perf_counter_ns() - t_start
+    if tcfg.charge_warmup and not resume: state["train_ns"] = warmup_ns
 
     wd, status, last_loss, prog = Watchdog(None if steps else budget_s), "completed", float("nan"), _Progress(budget_s if steps is None else None, verbose)
+    nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # device-side: any non-finite loss since the last read
+    uniform_loss, strikes, last_step_ns, why = math.log(enc.n_vocab), 0, warm_ns[-1], ""
     mf = open(out / "metrics.jsonl", "a" if resume else "w")
     prev_handler = signal.getsignal(signal.SIGINT)
     interrupted = {"flag": False}
@@ -194,49 +225,63 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
             if steps is not None and state["step"] >= steps: break
             if steps is None and not wd.fits(state["train_ns"]): break
             if interrupted["flag"]: status = "interrupted"; break
-            frac = state["step"] / steps if steps is not None else state["train_ns"] / wd.budget_ns
-            mult = lr_multiplier(frac, tcfg)
+            # the schedule at the middle of this step (of what is left of the budget, if the step is predicted to take longer):
+            # never the 0 at either end of the curve
+            frac = ((state["step"] + 0.5) / steps if steps is not None else
+                    (state["train_ns"] + min(last_step_ns, wd.budget_ns - state["train_ns"]) / 2) / wd.budget_ns)
             ts = time.perf_counter_ns()
-            loss_t = train_step(run_model, opts, loader, tcfg, mult, dev, weight_decay_multiplier(frac, tcfg))
+            loss_t = train_step(model, opts, loader, tcfg, frac, dev, loss_fn)
+            nonfinite |= ~torch.isfinite(loss_t)
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
-            if check: last_loss = loss_t.item()  # syncs the device
+            if check: last_loss, bad = torch.stack((loss_t, nonfinite.float())).tolist()  # one read: syncs the device
             elif dev.type == "cuda": torch.cuda.synchronize()
-            step_ns = time.perf_counter_ns() - ts
-            wd.record(step_ns)
-            state["train_ns"] += step_ns; state["step"] += 1; state["tokens"] += tokens_per_step
-            if check and not math.isfinite(last_loss):
-                status = "diverged"
-                say(f"diverged: loss is {last_loss} at step {state['step']}; lower the learning rate (e.g. --set lr=...) or enable grad_clip")
-                break
-            if check:
-                dt = (state["train_ns"] - log_t0) / 1e9
-                tok_s = (state["tokens"] - log_tok0) / max(dt, 1e-9)
-                rec = {"step": state["step"], "time_s": round(state["train_ns"] / 1e9, 4), "loss": last_loss, "lr_mult": round(mult, 5),
-                       "tokens": state["tokens"], "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, fpt, hwn)}
-                mf.write(json.dumps(rec) + "\n"); mf.flush()
-                prog.update(rec, state["train_ns"] / 1e9)
-                if callback is not None and callback(rec): interrupted["flag"] = True
-                log_t0, log_tok0 = state["train_ns"], state["tokens"]
+            last_step_ns = time.perf_counter_ns() - ts
+            wd.record(last_step_ns)
+            state["train_ns"] += last_step_ns; state["step"] += 1; state["tokens"] += tokens_per_step
+            if not check: continue
+            strikes = strikes + 1 if frac >= tcfg.warmup_frac and last_loss >= uniform_loss - 0.01 else 0
+            if bad: why = f"a non-finite loss by step {state['step']} (loss {last_loss})"
+            elif strikes >= UNIFORM_STRIKES: why = f"loss {last_loss:.4f} >= ln V = {uniform_loss:.4f} (uniform prediction) at {strikes} log steps after warm-up"
+            if why: status = "diverged"; break
+            dt = (state["train_ns"] - log_t0) / 1e9
+            tok_s = (state["tokens"] - log_tok0) / max(dt, 1e-9)
+            rec = {"step": state["step"], "time_s": round(state["train_ns"] / 1e9, 4), "loss": last_loss,
+                   "lr_mult": round(lr_multiplier(frac, tcfg), 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
+                   "mfu": hw.mfu(tok_s, fpt, hwn)}
+            mf.write(json.dumps(rec) + "\n"); mf.flush()
+            prog.update(rec, state["train_ns"] / 1e9)
+            if callback is not None and callback(rec): interrupted["flag"] = True
+            log_t0, log_tok0 = state["train_ns"], state["tokens"]
     finally:
         prog.close(); mf.close()
         try: signal.signal(signal.SIGINT, prev_handler)
         except ValueError: pass
     if steps is None: overrun_ns = max(0, state["train_ns"] - wd.budget_ns)
-    state["loader_batches"] = loader.batches
-    save_checkpoint(ck_path, model, opts, state, tcfg)
+    if status != "diverged" and (nonfinite.item() or not _all_finite(model)):  # the steps since the last read, and the last update
+        status, why = "diverged", f"non-finite loss or weights by step {state['step']}"
+    if status == "diverged":
+        say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
+    else:
+        state["loader_batches"] = loader.batches
+        save_model(ck_path, model, tcfg)
+        save_resume(rs_path, model, opts, state, tcfg)
 
+    man = read_manifest(tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
-           "train_s": state["train_ns"] / 1e9, "warmup_s": warmup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
-           "tok_s": state["tokens"] / max(state["train_ns"] / 1e9, 1e-9), "budget_s": budget_s if steps is None else None,
-           "max_step_s": max(wd.recent, default=0) / 1e9, "final_train_loss": last_loss,
+           "train_s": state["train_ns"] / 1e9, "warmup_s": warmup_ns / 1e9, "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
+           "overrun_s": overrun_ns / 1e9, "tok_s": state["tokens"] / max(state["train_ns"] / 1e9, 1e-9),
+           "budget_s": budget_s if steps is None else None, "max_step_s": max(wd.recent, default=0) / 1e9,
+           "final_train_loss": last_loss, "diverged_because": why or None,
            "loader_utilisation": round(loader.utilisation, 4), "device": str(dev), "hw": hwn, "seed": seed,
-           "checkpoint": str(ck_path), "config_name": config, "recipe": recipe, "config": config_dict(mcfg, tcfg)}
+           "checkpoint": str(ck_path), "resume_checkpoint": str(rs_path), "config_name": config, "recipe": recipe,
+           "tokenizer_source": man["source"] if man else None, "tokenizer_sha256": tokenizer_sha256(tok_dir),
+           "config": config_dict(mcfg, tcfg)}
     res["mfu"] = hw.mfu(res["tok_s"], fpt, hwn)
     if status != "diverged":
         te = time.perf_counter_ns()
         vb = val_batches(val_path, enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
         model.eval()
-        with _autocast(dev, tcfg.dtype):
+        with autocast(dev, tcfg.eval_dtype):  # fp32 unless eval_dtype='bf16' asks otherwise
             res["val_bpb"] = evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], token_bytes.to(dev))
         res["unigram_bpb"] = unigram_bpb((b for _, b in zip(range(50), PackedLoader(train_paths, enc, 16, 512, seed=seed))), vb, token_bytes, enc.n_vocab)
         res["eval_s"] = (time.perf_counter_ns() - te) / 1e9

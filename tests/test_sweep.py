@@ -1,6 +1,5 @@
 "End-to-end tests of `neuronfrontier sweep`: the table and plots of a small sweep, resume after Ctrl-C, bad grids."
-import csv, json, os, signal, statistics, subprocess, sys, time
-from pathlib import Path
+import csv, json, signal, statistics, subprocess, sys, time
 import pytest
 from conftest import cli, ROOT
 
