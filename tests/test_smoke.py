@@ -11,10 +11,11 @@ import torch
 
 import neuronfrontier
 from neuronfrontier import ops
+from neuronfrontier.testing import rel_err
 
 
 def _near(a, b, tol=2e-2):
-    assert ops.rel_err(a, b) < tol, ops.rel_err(a, b)
+    assert rel_err(a, b) < tol, rel_err(a, b)
 
 
 def _kernel_op(op, *args, **kw):
@@ -85,6 +86,8 @@ CALLS = {
     "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.sim": _sim,
+    "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
+        "rms_norm", torch.randn(128, 128, generator=g), torch.ones(128), backend="torch"),
     "neuronfrontier.train": _train,
 }
 MODULES = sorted(m.name for m in pkgutil.walk_packages(neuronfrontier.__path__, "neuronfrontier."))
