@@ -27,6 +27,7 @@ VARIANTS = {
     "frontier + value_embeds": FRONTIER + ["value_embeds=true"],
     "frontier + layer_scalars": FRONTIER + ["layer_scalars=true"],
     "frontier + normuon": FRONTIER + ["normuon=true"],
+    "frontier + polar_express": FRONTIER + ["ns_coeffs=polar_express"],
     "frontier + cautious_wd": FRONTIER + ["weight_decay=0.2", "cautious_wd=true"],
     "frontier + lr_width_scale": FRONTIER + ["lr_width_scale=true"],
 }

@@ -157,7 +157,7 @@ CONFIGS: dict[str, ModelConfig] = {
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
     "dense-124m": TrainConfig(batch_size=16, dtype="bf16", eval_seq_len=2048),
-    "cpu-tiny": TrainConfig(batch_size=8),
+    "cpu-tiny": TrainConfig(batch_size=8, dtype="bf16", embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
     "cpu-micro": TrainConfig(batch_size=2),
 }
 
@@ -193,7 +193,7 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
 
 # %% ../nbs/01_config.ipynb #73d3dc2b
 RECIPES: dict[str, list[str]] = {
-    "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false"],
+    "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false", "lr=3e-3", "embed_lr=3e-3", "head_lr=3e-3"],
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
     "kit-eval": ["seq_len=2048", "eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
 }
