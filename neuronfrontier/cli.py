@@ -8,7 +8,7 @@ import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEFAULT_DATA', 'UserError', 'build_parser', 'torchrun_argv', 'main']
+__all__ = ['DEFAULT_DATA', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
 
 # %% ../nbs/50_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -32,7 +32,7 @@ def _run_flags(p):
     p.add_argument("--budget-mode", default=None, choices=["charged", "wall"],
                    help="charged: training steps only; wall: everything from process start (default: wall on Neuron, else charged)")
     p.add_argument("--startup-allowance", type=float, default=0.0, metavar="SECONDS", help="wall mode: startup (compilation) seconds not charged")
-    p.add_argument("--ckpt-every", type=float, default=None, metavar="SECONDS", help="also write model.pt + resume.pt every SECONDS (default: only at the end)")
+    p.add_argument("--ckpt-every", type=float, default=None, metavar="SECONDS", help="also write model.pt + resume.pt every SECONDS (0: off; default: every 600 s for a train run of 30 min or more, else off)")
     p.add_argument("--nproc", type=int, default=1, help="processes, one per NeuronCore/GPU (or CPU processes): launches torchrun --standalone --nproc_per_node N")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
 
@@ -85,6 +85,13 @@ def _print_result(r: dict):
     print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
 
 _EXIT = {"completed": 0, "diverged": 1, "interrupted": 130}
+LONG_RUN_S = 1800  # a `train` budget from which periodic checkpoints are on by default (--ckpt-every 600)
+
+def ckpt_every(a) -> float | None:
+    "Seconds between periodic checkpoints: `--ckpt-every` (0: off); by default 600 for a `train` budget of `LONG_RUN_S` or more, else off."
+    if a.ckpt_every is not None and a.ckpt_every < 0: raise UserError(f"--ckpt-every {a.ckpt_every:g}: must be >= 0 seconds (0: off)")
+    if a.ckpt_every is None: return 600.0 if a.cmd == "train" and a.steps is None and a.budget >= LONG_RUN_S else None
+    return a.ckpt_every or None
 
 def torchrun_argv(a, out: Path) -> list[str]:
     "The `torchrun --standalone --nproc_per_node N` command line that runs `train` as `a` asks, in `a.nproc` processes."
@@ -94,7 +101,7 @@ def torchrun_argv(a, out: Path) -> list[str]:
     if a.recipe: argv += ["--recipe", a.recipe]
     if a.budget_mode: argv += ["--budget-mode", a.budget_mode]
     if a.startup_allowance: argv += ["--startup-allowance", str(a.startup_allowance)]
-    if a.ckpt_every: argv += ["--ckpt-every", str(a.ckpt_every)]
+    argv += ["--ckpt-every", str(a.ckpt_every or 0)]  # 0: off in the ranks too, whatever their default
     for s in a.sets: argv += ["--set", s]
     return argv + ["--resume"] * a.resume + ["--quiet"] * a.quiet
 
@@ -113,6 +120,7 @@ def _train(a) -> int:
     from neuronfrontier.train import train, env_world, process_start_ns
     if a.steps is None and a.budget <= 0: raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.nproc < 1: raise UserError(f"--nproc {a.nproc}: must be >= 1")
+    a.ckpt_every = ckpt_every(a)
     out = Path(a.out or f"runs/{a.config}-{time.strftime('%Y%m%d-%H%M%S')}")
     if a.nproc > 1:
         if "WORLD_SIZE" in os.environ: raise UserError("--nproc: already running under torchrun; drop --nproc")

@@ -4,7 +4,7 @@
 
 # %% ../nbs/30_train.ipynb #ecca3157
 from __future__ import annotations
-import contextlib, copy, json, math, os, signal, sys, time
+import contextlib, copy, json, math, os, queue, signal, sys, threading, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -20,8 +20,8 @@ from . import ops, hw
 __all__ = ['BUDGET_MODES', 'UNIFORM_STRIKES', 'neuron_available', 'pick_device', 'logical_nc_config', 'hw_name', 'synchronize',
            'reuse_freed_memory', 'load_checkpoint', 'load_resume', 'save_model', 'save_resume', 'load_for_eval',
            'autocast', 'average_gradients', 'train_step', 'Watchdog', 'process_start_ns', 'Clock', 'dist_backend',
-           'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'Run', 'setup', 'warm_up', 'save_checkpoints',
-           'loop', 'finish', 'train']
+           'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'Prefetcher', 'Run', 'setup', 'warm_up',
+           'save_checkpoints', 'loop', 'finish', 'train']
 
 # %% ../nbs/30_train.ipynb #1499ee2a
 def neuron_available() -> bool:
@@ -264,6 +264,49 @@ def _restore(model, opts, ck):
     model.load_state_dict(ck["model"])
     for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
 
+# %% ../nbs/30_train.ipynb #7945d88b
+class Prefetcher:
+    "Iterate `source` up to `depth` items ahead in a background thread (`depth=0`: inline); `consumed` counts the items handed out."
+    def __init__(self, source, depth: int = 2):
+        if depth < 0: raise ValueError(f"prefetch={depth}: must be >= 0 (0: no prefetching)")
+        self.source, self.depth, self.consumed = iter(source), depth, 0
+        self._stop, self._thread = threading.Event(), None
+        if depth:
+            self._q = queue.Queue(maxsize=depth)
+            self._thread = threading.Thread(target=self._produce, name="prefetch", daemon=True)
+            self._thread.start()
+
+    def _put(self, msg) -> bool:
+        while not self._stop.is_set():  # wake up now and then so that `close` is never stuck behind a full queue
+            try: self._q.put(msg, timeout=0.1); return True
+            except queue.Full: pass
+        return False
+
+    def _produce(self):
+        try:
+            for item in self.source:
+                if not self._put((True, item)): return
+            self._put((False, None))  # exhausted
+        except Exception as e: self._put((False, e))  # raised in the consumer's thread
+
+    def __iter__(self): return self
+
+    def __next__(self):
+        if self._thread is None: item = next(self.source)
+        else:
+            ok, item = self._q.get()
+            if not ok:
+                self._q.put((False, item))  # stay exhausted (or failing) for the next call
+                if item is None: raise StopIteration
+                raise item
+        self.consumed += 1
+        return item
+
+    def close(self):
+        "Stop the background thread (the items it has packed ahead are dropped)."
+        self._stop.set()
+        if self._thread is not None: self._thread.join(timeout=10)
+
 # %% ../nbs/30_train.ipynb #660e895e
 def _compiled(fn, dev: torch.device):
     "`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an error, not a slow path)."
@@ -319,7 +362,8 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
                dev=dev, rank=rank, world=world, ctrl=ctrl, owned=owned, lead=lead,
                say=print if verbose and lead else (lambda *a, **k: None), verbose=verbose and lead,
                train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes, out=out,
-               ck_path=ck_path, rs_path=rs_path, model=model, opts=opts, loader=loader, batches=rank_rows(loader, rank, world),
+               ck_path=ck_path, rs_path=rs_path, model=model, opts=opts, loader=loader,
+               batches=Prefetcher(rank_rows(loader, rank, world), tcfg.prefetch),  # packed ahead, off the step
                state=state, loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
                tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
                fpt=mcfg.flops_per_token(), hwn=hw_name(dev))
@@ -354,7 +398,7 @@ def save_checkpoints(run: Run):
     t0, state = time.perf_counter_ns(), run.state
     state["ckpts"] = state.get("ckpts", 0) + 1
     if run.lead:
-        state["loader_batches"] = run.loader.batches
+        state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
         save_model(run.ck_path, run.model, run.tcfg)
         save_resume(run.rs_path, run.model, run.opts, state, run.tcfg)
     if run.world > 1: dist.barrier(group=run.ctrl)
@@ -415,7 +459,7 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
             if callback is not None and callback(rec): stop["set"] = True
             log_t0, log_tok0 = clock.charged_ns, state["tokens"]
     finally:
-        prog.close(); restore()
+        prog.close(); restore(); run.batches.close()  # the loader's statistics are final from here on
         if mf: mf.close()
     return status, why, last_loss
 
@@ -488,4 +532,5 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s)
         return finish(run, clock, wd, warm_ns, status, why, last_loss)
     finally:
+        run.batches.close()
         if run.owned: dist.destroy_process_group()
