@@ -239,12 +239,11 @@ def _log_line(rec: dict) -> str:
             f"{rec['tok_s']:,.0f} tok/s{mfu} | {rec['time_s']:.1f}s")
 
 class _Progress:
-    "tqdm bar on a terminal, plain lines otherwise."
-    def __init__(self, total_s, enabled=True):
+    "A progress bar on a terminal when given a tqdm-like `bar` class (the CLI's), plain lines otherwise."
+    def __init__(self, total_s, enabled=True, bar=None):
         self.bar = None
-        if enabled and sys.stderr.isatty():
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=round(total_s, 1) if total_s else None, unit="s", dynamic_ncols=True, leave=True)
+        if enabled and bar is not None and sys.stderr.isatty():
+            self.bar = bar(total=round(total_s, 1) if total_s else None, unit="s", dynamic_ncols=True, leave=True)
         self.enabled = enabled
     def update(self, rec, elapsed_s):
         if not self.enabled: return
@@ -327,13 +326,13 @@ class Run:
     def __init__(self, **kw): self.__dict__.update(kw)
 
 def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int = 0, device=None, sets=(), recipe=None,
-          resume: bool = False, verbose: bool = True) -> Run:
+          resume: bool = False, verbose: bool = True, tokenizer_dir=None) -> Run:
     "Resolve and check everything `train` needs; build the model, optimisers and loader; restore `resume.pt` when resuming."
     if steps is None and (budget_s is None or budget_s <= 0): raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
     if steps is not None and steps <= 0: raise ValueError(f"--steps {steps}: must be > 0")
     mcfg, tcfg = resolve(config, recipe, sets)
     train_paths, val_path = find_shards(data_dir)
-    tok_dir = Path(data_dir) / "tokenizer"
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(data_dir) / "tokenizer"  # the kit keeps it apart
     enc, token_bytes = load_tokenizer(tok_dir)
     if enc.n_vocab != mcfg.vocab_size:
         mcfg.vocab_size = enc.n_vocab; mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
@@ -404,13 +403,13 @@ def save_checkpoints(run: Run):
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
-def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: float | None = None) -> tuple[str, str, float]:
+def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: float | None = None, bar=None) -> tuple[str, str, float]:
     "Train until the steps are done, the budget is spent, a stop is asked for or the loss diverges; returns (status, why, last loss)."
     tcfg, state, steps, dev, world = run.tcfg, run.state, run.steps, run.dev, run.world
     status, last_loss, why, strikes = "completed", float("nan"), "", 0
     run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # device-side: any non-finite loss since the last read
     uniform_loss = math.log(run.enc.n_vocab)
-    prog = _Progress(run.budget_s if steps is None else None, run.verbose)
+    prog = _Progress(run.budget_s if steps is None else None, run.verbose, bar)
     mf = open(run.out / "metrics.jsonl", "a" if run.resume else "w") if run.lead else None
     stop, restore = _stop_signals()
     log_t0, log_tok0, last_ckpt = clock.charged_ns, state["tokens"], time.perf_counter_ns()
@@ -507,15 +506,16 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
           budget_s: float | None = 300.0, steps: int | None = None, seed: int = 0, device: str | None = None,
           sets=(), recipe: str | None = None, resume: bool = False, verbose: bool = True, callback=None,
           budget_mode: str | None = None, startup_allowance_s: float = 0.0, ckpt_every_s: float | None = None,
-          started_ns: int | None = None) -> dict:
+          started_ns: int | None = None, tokenizer_dir=None, bar=None) -> dict:
     """Train `config` on `data_dir` for `budget_s` seconds (or exactly `steps` steps); returns result.json's dict.
     `budget_mode`: 'charged' (training steps only) or 'wall' (from `started_ns` — default: now; the CLI passes the process's
     start — less `startup_allowance_s`); default 'wall' on Neuron or with `charge_warmup`, else 'charged'.
     `ckpt_every_s`: also checkpoint every so many seconds. `callback(rec)` is called with every logged metrics record;
-    returning True stops the run as `interrupted`."""
+    returning True stops the run as `interrupted`. `tokenizer_dir`: default `data_dir`/tokenizer. `bar`: a tqdm-like class
+    for a progress bar on a terminal (the CLI passes tqdm's), else plain lines."""
     t0 = time.perf_counter_ns() if started_ns is None else started_ns
     if ckpt_every_s is not None and ckpt_every_s <= 0: raise ValueError(f"--ckpt-every {ckpt_every_s:g}: must be > 0 seconds")
-    run = setup(config, data_dir, out_dir, steps, budget_s, seed, device, sets, recipe, resume, verbose)
+    run = setup(config, data_dir, out_dir, steps, budget_s, seed, device, sets, recipe, resume, verbose, tokenizer_dir)
     try:
         mode = budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
         clock = Clock(run.dev, mode, startup_allowance_s, t0)
@@ -529,7 +529,7 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         wd = Watchdog(None if steps else budget_s)
         if run.state["last_step_ns"]: wd.record(run.state["last_step_ns"])
         else: run.state["last_step_ns"] = warm_ns[-1]
-        status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s)
+        status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s, bar)
         return finish(run, clock, wd, warm_ns, status, why, last_loss)
     finally:
         run.batches.close()

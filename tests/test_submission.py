@@ -1,0 +1,150 @@
+"A competition submission: `neuronfrontier export` (a bundled train.py) reproduces `train`, runs under torchrun, is scored through its own `load_for_eval`; `check` passes it and fails each broken fixture for the right reason."
+import importlib.util, json, os, shutil, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli
+from neuronfrontier.data import find_shards, load_tokenizer, val_batches
+from neuronfrontier.evaluate import evaluate_bpb
+from neuronfrontier import submission as S
+
+FAST = ["--set", "eval_tokens=16384"]
+
+
+def _losses(run_dir):
+    return [json.loads(l)["loss"] for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def sub(pydocs, tmp_path_factory):
+    "cpu-micro exported with the embedded corpus baked in, trained by `torchrun --nproc_per_node 2 train.py` (wall budget 12 s)."
+    d = tmp_path_factory.mktemp("sub") / "sub"
+    r = cli("export", "--config", "cpu-micro", "--data", pydocs, "--out", d, *FAST)
+    assert r.returncode == 0, r.stderr
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"], cwd=d,
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, NF_BUDGET="12", PYTHONUNBUFFERED="1"))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return d, p.stdout
+
+
+def test_train_py_is_self_contained_and_generated(sub):
+    d, _ = sub
+    src = (d / "train.py").read_text()
+    assert S.scan_imports(src) == [] and S.unresolved_names(src) == []
+    assert "neuronfrontier" not in "".join(l for l in src.splitlines() if "import" in l)
+    assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
+    # sections in notebook order, comments kept, package prefixes gone, the name clash config.resolve / ops.resolve renamed
+    heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
+    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")]
+    assert "# one decision for all ranks" in src and "def ops_resolve(" in src and "def resolve(" in src
+    assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
+
+
+def test_exported_train_py_matches_neuronfrontier_train(sub, pydocs, tmp_path):
+    "Same seed, same config, 10 steps on the CPU: the same losses, step for step, and the same val_bpb."
+    d, _ = sub
+    a = subprocess.run([sys.executable, "train.py", "--steps", "10", "--seed", "3", "--device", "cpu", "--out", str(tmp_path / "a"), "--quiet"],
+                       cwd=d, capture_output=True, text=True, timeout=600)
+    assert a.returncode == 0, a.stderr[-3000:]
+    b = cli("train", "--config", "cpu-micro", "--steps", "10", "--seed", "3", "--device", "cpu", "--data", pydocs, "--out", tmp_path / "b", "--quiet", *FAST)
+    assert b.returncode == 0, b.stderr[-3000:]
+    la, lb = _losses(tmp_path / "a"), _losses(tmp_path / "b")
+    print("exported train.py:", la[:3], "... neuronfrontier train:", lb[:3])
+    assert len(la) == 10 and la == lb
+    ra, rb = (json.loads((tmp_path / x / "result.json").read_text()) for x in "ab")
+    assert ra["val_bpb"] == rb["val_bpb"] and ra["config"] == rb["config"]
+
+
+def test_torchrun_checkpoint_scores_what_train_py_printed(sub, pydocs):
+    "The done-when: 2 processes within the wall budget; val_bpb of out/model.pt through the exported load_for_eval = the printed one."
+    d, stdout = sub
+    res = json.loads((d / "out" / "result.json").read_text())
+    print({k: res[k] for k in ("steps", "train_s", "warmup_s", "overrun_s", "max_step_s", "world_size", "budget_mode", "val_bpb")})
+    assert res["status"] == "completed" and res["world_size"] == 2 and res["budget_mode"] == "wall" and res["steps"] > 0
+    assert res["train_s"] <= res["budget_s"] + res["max_step_s"]
+    spec = importlib.util.spec_from_file_location("exported_train", d / "train.py")
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    model = mod.load_for_eval(str(d / "out" / "model.pt"), torch.device("cpu"))
+    assert not model.training and not any("neuronfrontier" in type(m).__module__ for m in model.modules())
+    enc, tb = load_tokenizer(pydocs / "tokenizer")
+    tc = res["config"]["train"]
+    bpb = evaluate_bpb(model, val_batches(find_shards(pydocs)[1], enc, tc["eval_seq_len"], tc["eval_tokens"], tc["eval_batch_size"]), tb)
+    assert abs(bpb - res["val_bpb"]) <= 1e-9 * bpb and f"val_bpb={bpb:.4f}" in stdout and stdout.count("val_bpb=") == 1
+
+
+def test_check_passes_the_export(sub):
+    d, _ = sub
+    r = cli("check", d)
+    print(r.stdout)
+    assert r.returncode == 0 and "9/9 passed" in r.stdout, r.stdout + r.stderr
+
+
+def _wrap(body: str) -> str:
+    "Source appended to train.py: load_for_eval returns the real model wrapped by a module whose forward is `body`."
+    return f"""
+
+_real_load_for_eval = load_for_eval
+
+class _Broken(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+    def forward(self, idx):
+        z = self.inner(idx)
+        {body}
+
+def load_for_eval(checkpoint_path, device):
+    return _Broken(_real_load_for_eval(checkpoint_path, device)).eval()
+"""
+
+BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must fail, words of its reason)
+    "forbidden import": (("train.py", "\n\ndef _plot():\n    import matplotlib.pyplot\n"), "imports", "`matplotlib.pyplot` is not allowed"),
+    "neuronfrontier import": (("train.py", "\n\ndef _helper():\n    from neuronfrontier.model import GPT\n"), "imports", "`neuronfrontier.model` is not allowed"),
+    "unguarded neuron import": (("train.py", "\n\ndef _kernels():\n    import torch_neuronx\n"), "imports", "without a try/except ImportError guard"),
+    "bad launch line": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py | tee log\n"), "launch", "shell operator '|'"),
+    "two processes": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=2 train.py\n"), "launch", "--nproc_per_node=2: allowed are 1, 4, 8"),
+    "no load_for_eval": (("train.py", "\ndel load_for_eval\n"), "load_for_eval", "defines no function load_for_eval"),
+    "wrong signature": (("train.py", "\n_l = load_for_eval\ndef load_for_eval(path, device):\n    return _l(path, device)\n"), "load_for_eval", "expected load_for_eval(checkpoint_path, device)"),
+    "training mode": (("train.py", _wrap("return z").replace(").eval()", ").train()")), "eval model", "training mode"),
+    "hook": (("train.py", _wrap("return z").replace(").eval()", ").eval()\n\n_l2 = load_for_eval\ndef load_for_eval(checkpoint_path, device):\n"
+              "    m = _l2(checkpoint_path, device); m.inner.blocks[0].register_forward_hook(lambda mod, a, out: None); return m")), "no hooks", "hooks on inner.blocks.0"),
+    "NaN": (("train.py", _wrap("z = z.clone(); z[..., 0] = float('nan'); return z")), "finite", "NaN"),
+    "non-causal model": (("train.py", _wrap("return z + z[:, -1:].clamp_min(-10).mean(-1, keepdim=True)")), "causal", "max |Δlogit|"),
+    "batch-dependent model": (("train.py", _wrap("return z + z.clamp_min(-10).mean((0, 2), keepdim=True)")), "batch independent", "max |Δlogit|"),
+    "collective": (("train.py", _wrap("torch.distributed.all_reduce(z); return z")), "no collectives", "called all_reduce"),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN))
+def test_check_fails_each_broken_fixture(sub, tmp_path, name):
+    (fname, edit), row, why = BROKEN[name]
+    d = tmp_path / "broken"
+    shutil.copytree(sub[0], d)
+    p = d / fname
+    p.write_text(p.read_text() + edit if fname == "train.py" else edit)
+    rows = {n: (ok, reason) for n, ok, reason in S.check(d)}
+    failed = [n for n, (ok, _) in rows.items() if not ok]
+    print(name, "->", {n: rows[n] for n in failed})
+    assert not rows[row][0] and why in rows[row][1], rows[row]
+    assert set(failed) <= {row, "eval model", "no hooks", "finite", "causal", "batch independent", "no collectives"} if row == "load_for_eval" else failed == [row]
+
+
+def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
+    d = tmp_path / "bad"
+    shutil.copytree(sub[0], d)
+    (d / "launch.txt").write_text("torchrun --nproc_per_node=8 train.py\n")
+    r = cli("check", d)
+    assert r.returncode == 1 and "launch" in r.stdout and "8/9 passed; fix: launch" in r.stdout, r.stdout
+    for args, msg in [(("check", tmp_path / "nowhere"), "no such directory"), (("check", tmp_path), "no train.py"),
+                      (("export", "--config", "cpu-micro", "--nproc", "2", "--out", tmp_path / "x"), "--nproc 2: a submission launches 1, 4 or 8"),
+                      (("export", "--config", "cpu-micro", "--lnc", "3", "--out", tmp_path / "x"), "--lnc 3"),
+                      (("export", "--config", "cpu-micro", "--set", "kernels=nki", "--out", tmp_path / "x"), "does not ship NKI kernel files")]:
+        r = cli(*args)
+        assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+
+
+def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
+    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in S.BUNDLED if m != "loss"))
+    with pytest.raises(S.ExportError, match=r"'chunked_cross_entropy' comes from neuronfrontier.loss, which a submission does not bundle"):
+        S.bundle("cpu-micro")
