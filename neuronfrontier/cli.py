@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="validation data (default: the path baked into train.py)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the path baked into train.py)")
     p.add_argument("--device", default="cpu", help="device to probe the model on (default cpu)")
-    p.add_argument("--tol", type=float, default=None, help="max |Δlogit| for the causality and batch-independence rows (default 1e-3)")
+    p.add_argument("--tol", type=float, default=None, help="causality and batch independence: max |Δlogit| <= TOL · max(1, max |logit|) (default 1e-4)")
     return ap
 
 # %% ../nbs/50_cli.ipynb #4050a2e3

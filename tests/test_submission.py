@@ -1,5 +1,5 @@
 "A competition submission: `neuronfrontier export` (a bundled train.py) reproduces `train`, runs under torchrun, is scored through its own `load_for_eval`; `check` passes it and fails each broken fixture for the right reason."
-import importlib.util, json, os, shutil, subprocess, sys
+import contextlib, importlib.util, io, json, os, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +8,7 @@ from conftest import cli
 from neuronfrontier.data import find_shards, load_tokenizer, val_batches
 from neuronfrontier.evaluate import evaluate_bpb
 from neuronfrontier import submission as S
+from neuronfrontier.cli import main
 
 FAST = ["--set", "eval_tokens=16384"]
 
@@ -18,12 +19,12 @@ def _losses(run_dir):
 
 @pytest.fixture(scope="module")
 def sub(pydocs, tmp_path_factory):
-    "cpu-micro exported with the embedded corpus baked in, trained by `torchrun --nproc_per_node 2 train.py` (wall budget 12 s)."
+    "cpu-micro exported with the embedded corpus baked in, trained by `torchrun --nproc_per_node 2 train.py` (wall budget 25 s)."
     d = tmp_path_factory.mktemp("sub") / "sub"
     r = cli("export", "--config", "cpu-micro", "--data", pydocs, "--out", d, *FAST)
     assert r.returncode == 0, r.stderr
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"], cwd=d,
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ, NF_BUDGET="12", PYTHONUNBUFFERED="1"))
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, NF_BUDGET="25", PYTHONUNBUFFERED="1"))
     assert p.returncode == 0, p.stderr[-3000:]
     return d, p.stdout
 
@@ -110,8 +111,8 @@ BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must f
     "hook": (("train.py", _wrap("return z").replace(").eval()", ").eval()\n\n_l2 = load_for_eval\ndef load_for_eval(checkpoint_path, device):\n"
               "    m = _l2(checkpoint_path, device); m.inner.blocks[0].register_forward_hook(lambda mod, a, out: None); return m")), "no hooks", "hooks on inner.blocks.0"),
     "NaN": (("train.py", _wrap("z = z.clone(); z[..., 0] = float('nan'); return z")), "finite", "NaN"),
-    "non-causal model": (("train.py", _wrap("return z + z[:, -1:].clamp_min(-10).mean(-1, keepdim=True)")), "causal", "max |Δlogit|"),
-    "batch-dependent model": (("train.py", _wrap("return z + z.clamp_min(-10).mean((0, 2), keepdim=True)")), "batch independent", "max |Δlogit|"),
+    "non-causal model": (("train.py", _wrap("return z + idx[:, -1:, None].float() / 100")), "causal", "max |Δlogit|"),
+    "batch-dependent model": (("train.py", _wrap("return z + idx.float().mean(0, keepdim=True)[..., None] / 100")), "batch independent", "max |Δlogit|"),
     "collective": (("train.py", _wrap("torch.distributed.all_reduce(z); return z")), "no collectives", "called all_reduce"),
 }
 
@@ -140,8 +141,9 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
                       (("export", "--config", "cpu-micro", "--nproc", "2", "--out", tmp_path / "x"), "--nproc 2: a submission launches 1, 4 or 8"),
                       (("export", "--config", "cpu-micro", "--lnc", "3", "--out", tmp_path / "x"), "--lnc 3"),
                       (("export", "--config", "cpu-micro", "--set", "kernels=nki", "--out", tmp_path / "x"), "does not ship NKI kernel files")]:
-        r = cli(*args)
-        assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): code = main([str(a) for a in args])
+        assert code == 2 and msg in err.getvalue() and err.getvalue().count("\n") == 1, (args, err.getvalue())
 
 
 def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
