@@ -60,6 +60,22 @@ def submission_main(argv=None) -> int:
     print(f"checkpoint: {r['checkpoint']}\nval_bpb={r['val_bpb']:.4f}")
     return 0 if r["status"] == "completed" else 1
 
+# %% ../nbs/95_submission.ipynb #74222596
+class ExportError(ValueError): "The package's source cannot be bundled into a self-contained train.py; names the first problem and where."
+
+PKG = "neuronfrontier"
+# the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ... are not
+BUNDLED = ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")
+ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
+# module-level constants whose value a submission replaces: (module, name) -> (value, why)
+def _overrides(config, recipe, sets, data_dir, tokenizer_dir) -> dict:
+    return {("submission", "CONFIG"): (config, "baked by neuronfrontier export"),
+            ("submission", "RECIPE"): (recipe, "baked by neuronfrontier export"),
+            ("submission", "SETS"): (tuple(sets), "baked by neuronfrontier export"),
+            ("submission", "DATA_DIR"): (str(data_dir), "default of --data"),
+            ("submission", "TOKENIZER_DIR"): (str(tokenizer_dir), "default of --tokenizer"),
+            ("ops", "_KERNEL_MODULES"): ((), "a submission ships no kernel modules: every op runs its torch implementation")}
+
 # %% ../nbs/95_submission.ipynb #ca606681
 _COMPS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
@@ -138,22 +154,6 @@ def _refs(node, aliases, scopes=(), cls=None, lazy=False, out=None, drops=None, 
     else:
         for child in ast.iter_child_nodes(node): go(child)
     return out, drops, local_imports
-
-# %% ../nbs/95_submission.ipynb #efe5f1ed
-class ExportError(ValueError): "The package's source cannot be bundled into a self-contained train.py; names the first problem and where."
-
-PKG = "neuronfrontier"
-# the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ... are not
-BUNDLED = ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")
-ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
-# module-level constants whose value a submission replaces: (module, name) -> (value, why)
-def _overrides(config, recipe, sets, data_dir, tokenizer_dir) -> dict:
-    return {("submission", "CONFIG"): (config, "baked by neuronfrontier export"),
-            ("submission", "RECIPE"): (recipe, "baked by neuronfrontier export"),
-            ("submission", "SETS"): (tuple(sets), "baked by neuronfrontier export"),
-            ("submission", "DATA_DIR"): (str(data_dir), "default of --data"),
-            ("submission", "TOKENIZER_DIR"): (str(tokenizer_dir), "default of --tokenizer"),
-            ("ops", "_KERNEL_MODULES"): ((), "a submission ships no kernel modules: every op runs its torch implementation")}
 
 # %% ../nbs/95_submission.ipynb #c7dfe3ed
 @dataclass
