@@ -171,7 +171,6 @@ class _Stmt:
 @dataclass
 class _Module:
     name: str
-    path: Path
     lines: list            # the source as bytes lines (ast column offsets count UTF-8 bytes)
     notebook: str
     doc: str
@@ -196,7 +195,7 @@ def _parse_module(name: str) -> _Module:
     doc = ""
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
         doc = body.pop(0).value.value
-    mod = _Module(name, path, src.encode().split(b"\n"), nb.group(1) if nb else name, doc)
+    mod = _Module(name, src.encode().split(b"\n"), nb.group(1) if nb else name, doc)
     where = lambda n: f"{PKG}/{name}.py:{n.lineno}"
     for node in body:
         pm = _pkg_module(node)
@@ -654,8 +653,8 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
     rows.append(("imports", not problems, "stdlib, torch, numpy, pyarrow, tiktoken only" if not problems else "; ".join(problems[:3])))
     launch = d / "launch.txt"
     rows.append(("launch", *(check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt"))))
-    data = Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser()
-    tokenizer = Path(tokenizer or _baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser()
+    data = Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve()  # the 1-step run starts in sub_dir
+    tokenizer = Path(tokenizer or _baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser().resolve()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         try:
