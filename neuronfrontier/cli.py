@@ -4,11 +4,11 @@
 
 # %% ../nbs/50_cli.ipynb #aaa1c7f2
 from __future__ import annotations
-import argparse, sys, time
+import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['DEFAULT_DATA', 'UserError', 'build_parser', 'main']
+__all__ = ['DEFAULT_DATA', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
 
 # %% ../nbs/50_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -29,6 +29,11 @@ def _run_flags(p):
     p.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override a config field (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from resume.pt in --out")
+    p.add_argument("--budget-mode", default=None, choices=["charged", "wall"],
+                   help="charged: training steps only; wall: everything from process start (default: wall on Neuron, else charged)")
+    p.add_argument("--startup-allowance", type=float, default=0.0, metavar="SECONDS", help="wall mode: startup (compilation) seconds not charged")
+    p.add_argument("--ckpt-every", type=float, default=None, metavar="SECONDS", help="also write model.pt + resume.pt every SECONDS (0: off; default: every 600 s for a train run of 30 min or more, else off)")
+    p.add_argument("--nproc", type=int, default=1, help="processes, one per NeuronCore/GPU (or CPU processes): launches torchrun --standalone --nproc_per_node N")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
 
 def _prep_flags(p):
@@ -79,25 +84,67 @@ def _print_result(r: dict):
         print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")
     print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
 
+_EXIT = {"completed": 0, "diverged": 1, "interrupted": 130}
+LONG_RUN_S = 1800  # a `train` budget from which periodic checkpoints are on by default (--ckpt-every 600)
+
+def ckpt_every(a) -> float | None:
+    "Seconds between periodic checkpoints: `--ckpt-every` (0: off); by default 600 for a `train` budget of `LONG_RUN_S` or more, else off."
+    if a.ckpt_every is not None and a.ckpt_every < 0: raise UserError(f"--ckpt-every {a.ckpt_every:g}: must be >= 0 seconds (0: off)")
+    if a.ckpt_every is None: return 600.0 if a.cmd == "train" and a.steps is None and a.budget >= LONG_RUN_S else None
+    return a.ckpt_every or None
+
+def torchrun_argv(a, out: Path) -> list[str]:
+    "The `torchrun --standalone --nproc_per_node N` command line that runs `train` as `a` asks, in `a.nproc` processes."
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "-m", "neuronfrontier.cli",
+            "train", "--config", a.config, "--seed", str(a.seed), "--device", a.device, "--data", str(_data_dir(a)), "--out", str(out)]
+    argv += ["--steps", str(a.steps)] if a.steps else ["--budget", str(a.budget)]
+    if a.recipe: argv += ["--recipe", a.recipe]
+    if a.budget_mode: argv += ["--budget-mode", a.budget_mode]
+    if a.startup_allowance: argv += ["--startup-allowance", str(a.startup_allowance)]
+    argv += ["--ckpt-every", str(a.ckpt_every or 0)]  # 0: off in the ranks too, whatever their default
+    for s in a.sets: argv += ["--set", s]
+    return argv + ["--resume"] * a.resume + ["--quiet"] * a.quiet
+
+def _launch(a, out: Path) -> int:
+    "Run `torchrun_argv` and wait; Ctrl-C and SIGTERM are passed on to torchrun (which stops the ranks). Exit code from result.json."
+    t0, res = time.time(), out / "result.json"
+    p = subprocess.Popen(torchrun_argv(a, out))
+    old = {s: signal.signal(s, lambda sig, _: p.send_signal(sig)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try: rc = p.wait()
+    finally:
+        for s, h in old.items(): signal.signal(s, h)
+    if res.exists() and res.stat().st_mtime >= t0: return _EXIT[json.loads(res.read_text())["status"]]
+    return rc or 1
+
 def _train(a) -> int:
-    from neuronfrontier.train import train
+    from neuronfrontier.train import train, env_world, process_start_ns
     if a.steps is None and a.budget <= 0: raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
+    if a.nproc < 1: raise UserError(f"--nproc {a.nproc}: must be >= 1")
+    a.ckpt_every = ckpt_every(a)
     out = Path(a.out or f"runs/{a.config}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if a.nproc > 1:
+        if "WORLD_SIZE" in os.environ: raise UserError("--nproc: already running under torchrun; drop --nproc")
+        from neuronfrontier.config import resolve
+        from neuronfrontier.data import find_shards
+        resolve(a.config, a.recipe, a.sets); find_shards(_data_dir(a))  # user errors once, here, not once per rank
+        if a.resume and not (out / "resume.pt").exists(): raise UserError(f"--resume: no resume.pt in {out}; run without --resume first")
+        return _launch(a, out)
     r = train(a.config, _data_dir(a), out, budget_s=None if a.steps else a.budget, steps=a.steps, seed=a.seed,
-              device=a.device, sets=a.sets, recipe=a.recipe, resume=a.resume, verbose=not a.quiet)
+              device=a.device, sets=a.sets, recipe=a.recipe, resume=a.resume, verbose=not a.quiet, budget_mode=a.budget_mode,
+              startup_allowance_s=a.startup_allowance, ckpt_every_s=a.ckpt_every, started_ns=process_start_ns())
+    if env_world()[0] != 0: return _EXIT[r["status"]]  # under torchrun rank 0 alone prints
     _print_result(r)
     if r["status"] == "diverged": print("val_bpb=nan (diverged)"); return 1
     print(f"val_bpb={r['val_bpb']:.4f}")
-    return 0 if r["status"] == "completed" else 130
+    return _EXIT[r["status"]]
 
 def _eval(a) -> int:
-    import torch
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-    from neuronfrontier.train import load_for_eval, pick_device
+    from neuronfrontier.train import load_for_eval, load_checkpoint, pick_device
     from neuronfrontier.evaluate import evaluate_bpb
     if not Path(a.checkpoint).exists(): raise UserError(f"checkpoint {a.checkpoint} does not exist")
     dev = pick_device(a.device)
-    ck = torch.load(a.checkpoint, map_location="cpu", weights_only=True)
+    ck = load_checkpoint(a.checkpoint)  # a truncated or corrupt file: one line naming it
     tc = ck.get("train_config", {})
     d = _data_dir(a); _, va = find_shards(d); enc, tb = load_tokenizer(d / "tokenizer")
     vb = val_batches(va, enc, a.eval_seq_len or tc.get("eval_seq_len", 512), a.eval_tokens or tc.get("eval_tokens", 131072), tc.get("eval_batch_size", 8))
@@ -109,6 +156,8 @@ def _sweep(a) -> int:
     from neuronfrontier.sweep import parse_grid, grid_settings, run_sweep
     if a.steps is None and a.budget <= 0: raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.resume: raise UserError("--resume does not apply to sweep: run the same sweep command again and it resumes")
+    if a.nproc != 1: raise UserError("--nproc does not apply to sweep: its runs are single-process (use --jobs)")
+    if a.ckpt_every or a.budget_mode or a.startup_allowance: raise UserError("--ckpt-every, --budget-mode, --startup-allowance do not apply to sweep")
     settings = grid_settings(parse_grid(a.grid), a.random, a.sample_seed)
     from neuronfrontier.data import prepare, find_shards
     if a.data is None: prepare(_data_dir(a), log=lambda *x: None)  # the embedded corpus, as speedrun does
@@ -144,3 +193,5 @@ def main(argv=None) -> int:
         print(f"error: {msg}", file=sys.stderr); return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr); return 130
+
+if __name__ == "__main__" and "__file__" in globals(): sys.exit(main())  # `python -m neuronfrontier.cli`, what torchrun starts in each process (not this notebook)

@@ -126,6 +126,7 @@ class TrainConfig:
     eval_batch_size: int = 8
     eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
     log_every: int = 10
+    prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
@@ -146,6 +147,7 @@ def validate_train(t: TrainConfig) -> TrainConfig:
         if not 0 <= getattr(t, k) < 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1)")
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
+    if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
