@@ -1,11 +1,12 @@
 "Shapes the notebook (nbs/14_kernel_attention.ipynb) does not run: odd head counts, T not a power of two, batch 3, the model path."
 import pytest, torch
+import numpy as np
 import torch.nn.functional as F
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI, last_trace, simulate
+from neuronfrontier.sim import REAL_NKI, last_trace, simulate, nl
 from neuronfrontier.testing import attention_errors, train_losses, compare_backends, traffic
 from neuronfrontier.kernels.attention import (attention_nki_sim, check_args, TOL, NKI_REGISTERED, _register_nki,
-                                              flash_fwd_kernel, flash_bwd_kernel, hbm_traffic)
+                                              flash_fwd_kernel, flash_bwd_kernel, hbm_traffic, sbuf_bytes, kv_resident)
 
 
 @pytest.mark.parametrize("B,H,T,d,dtype", [
@@ -65,6 +66,57 @@ def test_dq_accumulates_on_chip():
     t = traffic(flash_bwd_kernel[1], qT, kT, vT, q, k, do, doT, lse, dsum)
     assert hbm_traffic(BH, T, d, 4)["bwd"] == dict(read=t.hbm_read_bytes, written=t.hbm_write_bytes)
     assert t.hbm_write_bytes == 3 * BH * T * d * 4 and "dma_compute" not in t.instructions
+
+
+def _bwd_inputs(BH, T, d, dtype, seed=0):
+    "Kernel arguments of one forward and one backward call on seeded inputs."
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(BH, T, d, generator=g).to(dtype) for _ in range(4))
+    qT, kT, vT, doT = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+    o, lse = simulate(flash_fwd_kernel[1])(qT, kT, v)
+    return (qT, kT, v), (qT, kT, vT, q, k, do, doT, lse, (do.float() * o.float()).sum(-1, keepdim=True))
+
+
+@pytest.mark.parametrize("T,d", [(512, 128), (8192, 64)])
+def test_resident_kv_moves_compulsory_bytes(T, d):
+    "bf16: K/V (forward) and Q, dO, L, D (backward) load once per (batch·head): HBM traffic = every argument once."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    bf = lambda *s: np.empty(s, nl.bfloat16)
+    f32 = lambda *s: np.empty(s, np.float32)
+    fwd = (bf(1, d, T), bf(1, d, T), bf(1, T, d))
+    bwd = (bf(1, d, T), bf(1, d, T), bf(1, d, T), bf(1, T, d), bf(1, T, d), bf(1, T, d), bf(1, d, T), f32(1, T, 1), f32(1, T, 1))
+    outs = dict(fwd=2 * T * d + 4 * T, bwd=3 * 2 * T * d)
+    for kind, kern, args in (("fwd", flash_fwd_kernel, fwd), ("bwd", flash_bwd_kernel, bwd)):
+        assert kv_resident(kind, T, d, 2)
+        t = traffic(kern[1], *args, dry=True)
+        assert t.hbm_bytes == sum(a.nbytes for a in args) + outs[kind], kind
+        assert t.peak_sbuf_bytes <= sbuf_bytes(kind, T, d, 2, True) <= nl.tile_size.total_available_sbuf_size
+
+
+def test_streaming_fallback_below_the_budget():
+    "A budget one byte below the resident plan: the kernels stream, with bit-identical results and the streaming traffic."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    T, d = 1152, 64   # three key blocks; at T = 640 the two plans are the same size
+    fa, ba = _bwd_inputs(1, T, d, torch.float32, seed=5)
+    for kind, kern, args in (("fwd", flash_fwd_kernel, fa), ("bwd", flash_bwd_kernel, ba)):
+        budget = sbuf_bytes(kind, T, d, 4, True) - 1
+        assert not kv_resident(kind, T, d, 4, budget)
+        res, res_t = simulate(kern[1])(*args), last_trace()
+        st, st_t = simulate(kern[1])(*args, budget), last_trace()
+        assert all(torch.equal(a, b) for a, b in zip(res, st)), kind
+        assert res_t.hbm_bytes < st_t.hbm_bytes
+        for res_plan, t in ((True, res_t), (False, st_t)):
+            want = hbm_traffic(1, T, d, 4, resident=res_plan)[kind]
+            assert (t.hbm_read_bytes, t.hbm_write_bytes) == (want["read"], want["written"]), (kind, res_plan)
+
+
+def test_crossover_lies_past_the_trained_lengths():
+    "The resident plans fit every length this project trains (<= 8,192) at d = 64 and 128, bf16 and fp32; the bwd at d = 128, bf16 stops fitting before 16,384."
+    for kind in ("fwd", "bwd"):
+        for d in (64, 128):
+            for s in (2, 4): assert kv_resident(kind, 8192, d, s), (kind, d, s)
+    assert not kv_resident("bwd", 16384, 128, 2)
+    with pytest.raises(ValueError, match="kind"): sbuf_bytes("fw", 1024, 64, 2, True)
 
 
 @pytest.mark.parametrize("shape,causal,msg", [
