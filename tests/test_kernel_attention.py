@@ -197,3 +197,17 @@ def test_dry_run_counts_the_kernels_exactly():
         for f in ("engine_instructions", "program_instructions", "hbm_read_bytes", "hbm_write_bytes", "peak_sbuf_bytes",
                   "peak_psum_bytes", "pe_cycles", "vector_elems", "scalar_elems", "gpsimd_elems"):
             assert getattr(full, f) == getattr(dry, f), f
+
+
+def test_dense_124m_instructions_stay_below_the_compiler_limit():
+    "The resident kernels at T = 2,048, 16 x 12 heads on 2 logical cores: 96 rows per core, each row's program identical."
+    from neuronfrontier.hw import INSTRUCTION_LIMIT
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    bf = lambda *s: np.empty(s, nl.bfloat16)
+    f32 = lambda *s: np.empty(s, np.float32)
+    T, d, rows = 2048, 64, 16 * 12 // 2
+    fwd = traffic(flash_fwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), dry=True)
+    bwd = traffic(flash_bwd_kernel[2], *(bf(2, d, T),) * 3, *(bf(2, T, d),) * 3, bf(2, d, T), f32(2, T, 1), f32(2, T, 1), dry=True)
+    for t in (fwd, bwd):
+        per_row = t.max_program_instructions          # one row per core
+        assert per_row * rows < INSTRUCTION_LIMIT / 10, per_row * rows
