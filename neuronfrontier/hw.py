@@ -193,7 +193,7 @@ def kernel_work(name: str, *shape) -> Work:
     if name == 'attention':
         rows, T, dh = shape
         w = (dry(A.flash_fwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh))
-             + dry(A.flash_bwd_kernel, *(bf(1, dh, T),) * 3, *(bf(1, T, dh),) * 3, bf(1, dh, T), f32(1, T, 1), f32(1, T, 1))) * rows
+             + dry(A.flash_bwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), bf(1, T, dh), f32(1, T, 1), f32(1, T, 1))) * rows
     elif name == 'rmsnorm':
         N, d = shape
         w = _affine(lambda n: dry(R.rmsnorm_fwd_kernel, bf(n, d), bf(1, d), 1e-6)
@@ -230,7 +230,7 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
     layer = dict(
         attention=(kernel_work('attention', batch * H, T, dh) + mm(proj)
                    + ew(2 * N * a, ops=6) * 2                     # RoPE on q and k, forward and backward (fp32 math)
-                   + ew(N * a) * 13                               # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dOᵀ, vᵀ, q, k, dq, dk, dv, o
+                   + ew(N * a) * 9                                # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
                    + ew(N * a, reads=2, writes=0, ops=2)          # D = rowsum(dO ⊙ O)
                    + (kernel_work('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work())),
         MLP=kernel_work('swiglu', N, d, F) + mm([(N, F, d)]),
