@@ -111,6 +111,8 @@ class Trace:
     dma_count: int = 0
     instructions: dict = field(default_factory=dict)
     timeline: list = field(default_factory=list, repr=False)  # (instruction index, live SBUF B/partition, live PSUM B/partition)
+    timeline_ops: list = field(default_factory=list, repr=False)  # (instruction, engine) of each timeline sample
+    engines: dict = field(default_factory=dict)   # instructions per engine: tensor, vector, scalar, gpsimd, dma
     wall_s: float = 0.0           # host seconds the simulation took
 
     @property
@@ -123,7 +125,8 @@ class Trace:
         ins = dict(self.instructions)
         for k, v in o.instructions.items(): ins[k] = ins.get(k, 0) + v
         add = lambda f: getattr(self, f) + getattr(o, f)
-        return Trace(kernel=f'{self.kernel}+{o.kernel}', grid=(), instructions=ins, wall_s=add('wall_s'),
+        eng = {k: self.engines.get(k, 0) + o.engines.get(k, 0) for k in {**self.engines, **o.engines}}
+        return Trace(kernel=f'{self.kernel}+{o.kernel}', grid=(), instructions=ins, engines=eng, wall_s=add('wall_s'),
                      peak_sbuf_bytes=max(self.peak_sbuf_bytes, o.peak_sbuf_bytes), peak_psum_bytes=max(self.peak_psum_bytes, o.peak_psum_bytes),
                      **{f: add(f) for f in ('hbm_read_bytes', 'hbm_write_bytes', 'tensor_flops', 'pe_cycles', 'vector_elems',
                                             'scalar_elems', 'gpsimd_elems', 'dma_count')})
@@ -249,6 +252,8 @@ def _tick(op, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None):
     tr.instructions[op] = tr.instructions.get(op, 0) + 1
     tr.vector_elems += vec; tr.scalar_elems += act; tr.gpsimd_elems += pool
     tr.tensor_flops += flops; tr.pe_cycles += pe
+    eng = 'tensor' if pe else 'scalar' if act else 'gpsimd' if pool else 'vector' if vec else 'dma'
+    tr.engines[eng] = tr.engines.get(eng, 0) + 1; tr.timeline_ops.append((op, eng))
     s, p = st.live[sbuf], st.live[psum]
     if fresh is not None:
         # An allocating instruction (nl.load, nl.zeros, nl.exp(t), ...) runs before its result is bound to a name, while

@@ -375,6 +375,9 @@ def test_trace_engine_elements():
     assert tr.dma_count == 1 and tr.hbm_read_bytes == 128 * 64 * 4 and tr.hbm_write_bytes == 0
     assert tr.peak_sbuf_bytes == 3 * 256 + 4                      # t, y, m and r
     assert tr.n_instructions == 6 and len(tr.timeline) == 6
+    assert tr.engines == {'dma': 1, 'scalar': 1, 'gpsimd': 2, 'vector': 2}     # per engine, from the same counters
+    assert [op for op, _ in tr.timeline_ops] == ['nl.load', 'activation', 'tensor_scalar', 'iota', 'tensor_tensor', 'tensor_reduce']
+    assert sum([tr, tr]).engines == {k_: 2 * v for k_, v in tr.engines.items()}
     t = estimate_time(tr, breakdown=True)
     assert t['label'] == 'roofline estimate' and t['total'] == max(v for k_, v in t.items() if k_ in ('tensor', 'vector', 'scalar', 'gpsimd', 'hbm'))
 
