@@ -4,7 +4,7 @@
 
 # %% ../nbs/70_dashboard.ipynb #cc4dc5b2
 from __future__ import annotations
-import argparse, csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, threading, time
+import csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 # %% auto #0
