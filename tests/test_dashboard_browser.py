@@ -73,7 +73,7 @@ def test_dashboard_in_chromium(dashboard):
 
         # stop it: the run ends interrupted, with its checkpoint and a scored val_bpb
         page.click("#stop-run")
-        expect(page.locator("#run-status")).to_have_text("interrupted", timeout=120_000)
+        expect(page.locator("#run-status")).to_have_text("interrupted", timeout=300_000)   # the checkpoint is scored first
         expect(page.locator("#val-bpb")).to_have_text(__import__("re").compile(r"^\d+\.\d{4}$"), timeout=30_000)
         res = json.loads((runs / name / "result.json").read_text())
         assert res["status"] == "interrupted" and (runs / name / "model.pt").is_file()
