@@ -118,6 +118,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                           'neuronfrontier.dashboard.read_new': ('dashboard.html#read_new', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard.repo_root': ('dashboard.html#repo_root', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard.run_check': ('dashboard.html#run_check', 'neuronfrontier/dashboard.py'),
+                                          'neuronfrontier.dashboard.run_dirs': ('dashboard.html#run_dirs', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard.run_path': ('dashboard.html#run_path', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard.run_summary': ( 'dashboard.html#run_summary',
                                                                                     'neuronfrontier/dashboard.py'),

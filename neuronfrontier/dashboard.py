@@ -8,22 +8,23 @@ import csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, thre
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'TABLE_FILES', 'BPB_KEYS', 'TOKS_KEYS', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName',
-           'run_path', 'read_new', 'is_run', 'last_record', 'run_summary', 'list_runs', 'downsample_timeline',
-           'kernels_report', 'is_sweep', 'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section',
-           'md_tables', 'md_paragraph', 'tour', 'run_check', 'Launcher', 'static_dir', 'find_kernels_report',
-           'make_app', 'serve', 'LiveRun', 'live']
+__all__ = ['MAX_DEPTH', 'RUN_FILES', 'TABLE_FILES', 'BPB_KEYS', 'TOKS_KEYS', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK',
+           'BadName', 'run_path', 'read_new', 'is_run', 'last_record', 'run_summary', 'run_dirs', 'list_runs',
+           'downsample_timeline', 'kernels_report', 'is_sweep', 'pareto_front', 'sweep_table', 'list_sweeps',
+           'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour', 'run_check', 'Launcher', 'static_dir',
+           'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
+MAX_DEPTH = 3
 
 class BadName(ValueError): "A run or sweep name that is not a safe relative path inside the runs directory."
 
 def run_path(root, name: str) -> Path:
-    "`root/name` for a user-supplied `name` of one or two safe parts; raises `BadName` for anything else or anything resolving outside `root`."
+    "`root/name` for a user-supplied `name` of one to three safe parts; raises `BadName` for anything else or anything resolving outside `root`."
     parts = name.split("/") if isinstance(name, str) else []
-    if not 1 <= len(parts) <= 2 or not all(_PART.match(p) for p in parts):
-        raise BadName(f"run name {name!r}: use one or two '/'-separated parts of letters, digits, '.', '_', '-' (no '..', no absolute path)")
+    if not 1 <= len(parts) <= MAX_DEPTH or not all(_PART.match(p) for p in parts):
+        raise BadName(f"run name {name!r}: use one to three '/'-separated parts of letters, digits, '.', '_', '=', '+', '-' (no '..', no absolute path)")
     root = Path(root).resolve()
     p = root.joinpath(*parts).resolve()
     if p == root or not p.is_relative_to(root): raise BadName(f"run name {name!r} resolves outside the runs directory")
@@ -90,17 +91,18 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
                 time_s=r.get("train_s", last.get("time_s")), budget_s=r.get("budget_s", launch.get("budget_s")),
                 nproc=r.get("world_size", launch.get("nproc", 1)), launched_here=bool(launch), when=max(times, default=None))
 
+def run_dirs(d, depth: int = MAX_DEPTH, pre: str = "") -> list[tuple[str, Path]]:
+    "(name, path) of the run directories under `d`, at most `depth` levels down, not looking inside runs."
+    out = []
+    for e in sorted(Path(d).iterdir()) if Path(d).is_dir() else []:
+        if not e.is_dir() or not _PART.match(e.name): continue
+        if is_run(e): out.append((pre + e.name, e))
+        elif depth > 1: out += run_dirs(e, depth - 1, f"{pre}{e.name}/")
+    return out
+
 def list_runs(root, alive=()) -> list[dict]:
-    "Summaries of every run under `root` and one level below (runs of a sweep), newest first."
-    root = Path(root); out = []
-    if not root.is_dir(): return out
-    for d in sorted(root.iterdir()):
-        if not d.is_dir() or not _PART.match(d.name): continue
-        if is_run(d): out.append(run_summary(d, d.name, d.name in alive)); continue
-        for e in sorted(d.iterdir()):
-            if e.is_dir() and _PART.match(e.name) and is_run(e):
-                n = f"{d.name}/{e.name}"; out.append(run_summary(e, n, n in alive))
-    return sorted(out, key=lambda r: -(r["when"] or 0))
+    "Summaries of every run under `root` (and inside sweep directories), newest first."
+    return sorted((run_summary(d, n, n in alive) for n, d in run_dirs(root)), key=lambda r: -(r["when"] or 0))
 
 # %% ../nbs/70_dashboard.ipynb #4de8f99f
 def downsample_timeline(timeline, ops=(), max_points: int = 1200) -> dict:
@@ -188,13 +190,14 @@ def _git_commit() -> str | None:
     except Exception: return None
 
 # %% ../nbs/70_dashboard.ipynb #fedc0712
-TABLE_FILES = ("sweep.jsonl", "results.jsonl", "table.jsonl")
+TABLE_FILES = ("table.csv", "sweep.jsonl", "results.jsonl", "table.jsonl")
 BPB_KEYS, TOKS_KEYS = ("val_bpb_mean", "val_bpb", "bpb"), ("tok_s_mean", "tok_s", "tokens_per_s")
 
 def _num(v):
+    "A CSV cell as int or float when it is one."
     try: f = float(v)
     except (TypeError, ValueError): return v
-    return int(f) if f.is_integer() and isinstance(v, str) and "." not in v and "e" not in v.lower() else f
+    return int(f) if f.is_integer() and re.fullmatch(r"[+-]?\d+", str(v).strip()) else f
 
 def _flat(d: dict, pre: str = "") -> dict:
     out = {}
@@ -203,28 +206,28 @@ def _flat(d: dict, pre: str = "") -> dict:
         else: out[pre + k] = v
     return out
 
-def is_sweep(d: Path) -> bool:
+def is_sweep(d) -> bool:
     d = Path(d)
-    return d.is_dir() and not is_run(d) and (any((d / f).is_file() for f in TABLE_FILES) or any(d.glob("*.csv"))
-                                             or any(e.is_dir() and is_run(e) for e in d.iterdir()))
+    return (d.is_dir() and not is_run(d) and
+            (any((d / f).is_file() for f in TABLE_FILES) or any(d.glob("*.csv")) or bool(run_dirs(d, 2))))
 
 def pareto_front(rows, bpb: str, toks: str) -> list[int]:
     "Indices of the rows that no other row beats on both `bpb` (lower is better) and `toks` (higher is better)."
     pts = [(i, r.get(bpb), r.get(toks)) for i, r in enumerate(rows)]
     pts = [(i, b, t) for i, b, t in pts if isinstance(b, (int, float)) and isinstance(t, (int, float))]
-    return [i for i, b, t in pts if not any((b2 <= b and t2 >= t) and (b2 < b or t2 > t) for _, b2, t2 in pts)]
+    return [i for i, b, t in pts if not any(b2 <= b and t2 >= t and (b2 < b or t2 > t) for _, b2, t2 in pts)]
 
-def sweep_table(d) -> dict:
-    "The table of a sweep directory: {'source', 'columns', 'rows', 'runs', 'bpb', 'toks', 'pareto'}."
+def sweep_table(d, prefix: str = "") -> dict:
+    "A sweep directory's {'source', 'columns', 'rows', 'bpb', 'toks', 'pareto', 'runs'}; run names get `prefix`."
     d = Path(d)
-    runs = [e.name for e in sorted(d.iterdir()) if e.is_dir() and _PART.match(e.name) and is_run(e)]
+    runs = [run_summary(p, prefix + n) for n, p in run_dirs(d, 2)]
     src = next((f for f in TABLE_FILES if (d / f).is_file()), None) or next((p.name for p in sorted(d.glob("*.csv"))), None)
     if src and src.endswith(".csv"):
         with open(d / src, newline="") as f: rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
     elif src: rows = read_new(d / src)[0]
     else:
-        src, res = "result.json of each run", {n: _load_json(d / n / "result.json") or {} for n in runs}
-        flat = {n: _flat((r.get("config") or {})) for n, r in res.items()}
+        src, res = "result.json of each run", {n: _load_json(p / "result.json") or {} for n, p in run_dirs(d, 2)}
+        flat = {n: _flat(r.get("config") or {}) for n, r in res.items()}
         keys = sorted({k for f in flat.values() for k in f})
         varying = [k for k in keys if len({json.dumps(f.get(k)) for f in flat.values()}) > 1]
         rows = [dict(run=n, **{k.split(".")[-1]: flat[n].get(k) for k in varying}, seed=r.get("seed"), val_bpb=r.get("val_bpb"),
@@ -232,10 +235,11 @@ def sweep_table(d) -> dict:
     rows = [_clean(r) for r in rows]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     bpb, toks = next((k for k in BPB_KEYS if k in cols), None), next((k for k in TOKS_KEYS if k in cols), None)
-    return dict(source=src, columns=cols, rows=rows, runs=runs, bpb=bpb, toks=toks,
+    return dict(source=src, columns=cols, rows=rows, bpb=bpb, toks=toks, runs=runs,
                 pareto=pareto_front(rows, bpb, toks) if bpb and toks else [])
 
 def list_sweeps(root) -> list[str]:
+    "Names of the sweep directories directly under `root`."
     root = Path(root)
     return [d.name for d in sorted(root.iterdir()) if _PART.match(d.name) and is_sweep(d)] if root.is_dir() else []
 
@@ -394,7 +398,8 @@ def _check_kernel(data):
         x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
         with ops.use_backend(f"rms_norm={be}"): y = ops.rms_norm(x, w, 1e-6)
         y.backward(gy); res[be] = (y.detach(), x.grad, w.grad)
-    errs = {k: ops.rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), res["nki-sim"], res["torch"])}
+    rel = lambda a, b: ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+    errs = {k: rel(a, b) for k, a, b in zip(("y", "dx", "dw"), res["nki-sim"], res["torch"])}
     tol = 1e-5
     lines = ["RMSNorm [256, 256] fp32: the NKI kernels in the simulator vs PyTorch autograd (measured in the simulator)"]
     lines += [f"  {k:3s} max|Δ|/max|ref| = {v:.2e}  (tolerance {tol:g})" for k, v in errs.items()]
@@ -689,7 +694,7 @@ def make_app(runs="runs", data="data/cache/pydocs", token: str | None = None, ke
         try: d = run_path(root, name)
         except BadName as e: raise HTTPException(400, str(e))
         if not is_sweep(d): raise HTTPException(404, f"no sweep {name!r} in the runs directory")
-        return dict(name=name, **sweep_table(d))
+        return dict(name=name, **sweep_table(d, f"{name}/"))
     return app
 
 LOOPBACK = ("127.0.0.1", "localhost")

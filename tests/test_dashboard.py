@@ -92,7 +92,7 @@ def test_loopback_server_refuses_foreign_host_headers(runs):
 
 @pytest.mark.parametrize("path,code", [
     ("/api/runs/..%2F..%2Fetc/metrics", 400), ("/api/runs/%2Fetc%2Fpasswd", 400), ("/api/runs/r1%2F..%2F..%2Fx", 400),
-    ("/api/runs/.ssh/stream", 400), ("/api/runs/a%2Fb%2Fc", 400), ("/api/runs/nope", 404), ("/api/runs/nope/metrics", 404),
+    ("/api/runs/.ssh/stream", 400), ("/api/runs/a%2Fb%2Fc%2Fd", 400), ("/api/runs/nope", 404), ("/api/runs/nope/metrics", 404),
     ("/api/sweeps/%2E%2E", 400), ("/api/sweeps/r1", 404), ("/api/kernels/..%2F..%2Fetc", 404), ("/static/..%2F..%2Fcli.py", 404),
 ])
 def test_names_and_paths_are_validated(runs, path, code):
@@ -180,3 +180,24 @@ def test_dashboard_off_loopback_prints_a_token_and_requires_it(tmp_path):
         assert r.status_code == 200 and r.json()["ok"] is True and "d_model=700" in r.json()["output"]
     finally:
         p.send_signal(signal.SIGINT); p.wait(30)
+
+
+def test_sweep_directory_in_the_sweep_commands_layout(tmp_path):
+    "`neuronfrontier sweep --out DIR` writes DIR/<setting>/s<seed>/ run directories, results.jsonl and table.csv."
+    sw = tmp_path / "runs" / "sw"
+    pts = {"lr=0.01": (2.40, 900.0), "lr=0.02": (2.30, 800.0), "lr=0.04": (2.50, 850.0)}
+    rows = []
+    for setting, (bpb, tps) in pts.items():
+        rd = sw / setting / "s0"; rd.mkdir(parents=True)
+        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10}))
+        rows.append({"setting": setting, "seed": 0, "val_bpb": bpb, "tok_s": tps, "run_dir": str(rd)})
+    (sw / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (sw / "table.csv").write_text("setting,overrides,runs,not_completed,val_bpb_mean,val_bpb_sd,delta,tok_s,steps\n" +
+                                  "".join(f"{s},['{s}'],1,0,{b},,,{t},10\n" for s, (b, t) in pts.items()))
+    with TestClient(make_app(tmp_path / "runs", ".", TOKEN)) as c:
+        assert c.get("/api/sweeps").json() == ["sw"]
+        s = c.get("/api/sweeps/sw").json()
+        assert (s["source"], s["bpb"], s["toks"], s["pareto"]) == ("table.csv", "val_bpb_mean", "tok_s", [0, 1])
+        assert [r["name"] for r in s["runs"]] == ["sw/lr=0.01/s0", "sw/lr=0.02/s0", "sw/lr=0.04/s0"]
+        assert c.get("/api/runs/sw/lr=0.02/s0").json()["val_bpb"] == 2.30
+        assert {r["name"] for r in c.get("/api/runs").json()} == {r["name"] for r in s["runs"]}

@@ -1,6 +1,6 @@
 """The dashboard as a person uses it, in a real headless Chromium (Debian's package, driven by playwright; no browser
 download): start a cpu-micro run from the page, watch the live chart gain points, stop it, see `interrupted`;
-open a kernel's SBUF view and the judge tour, run one live check. Screenshots go to artifacts/dashboard/."""
+open a kernel's SBUF view and the judge tour, run one live check; a sweep's table. Screenshots go to artifacts/dashboard/."""
 import json, os, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 import httpx
@@ -27,6 +27,10 @@ def _free_port():
 def dashboard(pydocs, tmp_path_factory):
     "`neuronfrontier dashboard` on a free loopback port over an empty runs directory; yields (url, runs)."
     runs, port = tmp_path_factory.mktemp("runs"), _free_port()
+    for setting, bpb, tps in (("lr=0.01", 2.4, 900.0), ("lr=0.02", 2.3, 800.0), ("lr=0.04", 2.5, 850.0)):   # a small sweep's layout
+        rd = runs / "sweep-lr" / setting / "s0"; rd.mkdir(parents=True)
+        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10, "seed": 0,
+                                                    "config_name": "cpu-micro", "config": {"train": {"lr": float(setting[3:])}}}))
     exe = Path(sys.executable).parent / "neuronfrontier"
     p = subprocess.Popen([str(exe), "dashboard", "--runs", str(runs), "--port", str(port), "--data", str(pydocs),
                           "--kernels-report", str(ROOT / "nbs" / "results" / "kernels_report.json")],
@@ -109,6 +113,13 @@ def test_dashboard_in_chromium(dashboard):
         page.click("#tour-next")
         expect(page.locator("#tour-step")).to_have_attribute("data-step", "kernels")
         shot(page, "6-tour-kernels.png")
+
+        # a sweep directory: its table, the Pareto plot, the runs it launched
+        page.goto(url + "#/sweep/sweep-lr")
+        expect(page.locator("#sweep-table")).to_contain_text("0.02")
+        expect(page.locator("#sweep-runs")).to_contain_text("sweep-lr/lr=0.04/s0")
+        expect(page.locator("main")).to_contain_text("2 row(s) on the Pareto front")
+        shot(page, "7-sweep.png")
         browser.close()
     assert not errors, errors
     print(f"\nscreenshots: {SHOTS}")

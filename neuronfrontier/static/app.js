@@ -221,7 +221,7 @@ async function viewKernel(el, name) {
   chart($("#sbuf-chart"), { type: "scatter", data: { datasets: [
       line("live SBUF KiB/partition (measured in the simulator)", xs.map((x, i) => ({ x, y: tl.sbuf[i] / 1024 })), { stepped: true, fill: true, borderColor: "#2563eb", backgroundColor: "rgba(37,99,235,.15)" }),
       line(`SBUF budget ${kib(hw.sbuf_budget_pp)} KiB`, cap(hw.sbuf_budget_pp / 1024), { borderDash: [6, 4], borderColor: "#b91c1c" })] },
-    options: { plugins: { tooltip: tip }, scales: { x: { title: { display: true, text: "instruction" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
+    options: { plugins: { tooltip: tip }, scales: { x: { title: { display: true, text: "instruction (in program order)" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
   chart($("#psum-chart"), { type: "scatter", data: { datasets: [
       line("live PSUM KiB/partition (measured in the simulator)", xs.map((x, i) => ({ x, y: tl.psum[i] / 1024 })), { stepped: true, fill: true, borderColor: "#7c3aed", backgroundColor: "rgba(124,58,237,.15)" }),
       line(`PSUM ${kib(hw.psum_pp)} KiB`, cap(hw.psum_pp / 1024), { borderDash: [6, 4], borderColor: "#b91c1c" })] },
@@ -243,19 +243,22 @@ async function viewSweeps(el) {
 
 async function viewSweep(el, name) {
   const s = await api(`/api/sweeps/${encodeURIComponent(name)}`);
-  const isRun = (v) => s.runs.includes(String(v));
+  const cell = (c, v) => (c === "run" && typeof v === "string" ? `<a href="#/run/${esc(name)}/${esc(v)}">${esc(v)}</a>` : Array.isArray(v) ? esc(v.join(" ")) : fmt(v));
   el.innerHTML = `<h1>Sweep ${esc(name)}</h1><p class="muted">table from ${esc(s.source)}; val_bpb and tokens/s as measured by each run.</p>
   <section class="card"><div class="chartbox"><canvas id="pareto-chart"></canvas></div></section>
-  <section class="card"><table id="sweep-table"><tr>${s.columns.map((c) => `<th>${esc(c)}</th>`).join("")}</tr>` +
-    s.rows.map((r, i) => `<tr${s.pareto.includes(i) ? ' class="pareto"' : ""}>${s.columns.map((c) => `<td>${isRun(r[c]) ? `<a href="#/run/${esc(name)}/${esc(r[c])}">${esc(r[c])}</a>` : fmt(r[c])}</td>`).join("")}</tr>`).join("") +
-    `</table><p class="muted">${s.pareto.length} point(s) on the Pareto front (no other point has both a lower val_bpb and a higher tokens/s).</p></section>`;
+  <section class="card"><h2>Table</h2><table id="sweep-table"><tr>${s.columns.map((c) => `<th>${esc(c)}</th>`).join("")}</tr>` +
+    s.rows.map((r, i) => `<tr${s.pareto.includes(i) ? ' class="pareto"' : ""}>${s.columns.map((c) => `<td>${cell(c, r[c])}</td>`).join("")}</tr>`).join("") +
+    `</table><p class="muted">${s.pareto.length} row(s) on the Pareto front (no other row has both a lower val_bpb and a higher tokens/s).</p></section>
+  <section class="card"><h2>The runs it launched</h2><table id="sweep-runs"><tr><th>run</th><th>status</th><th class="num">steps</th><th class="num">tok/s</th><th class="num">val_bpb</th></tr>` +
+    s.runs.map((r) => `<tr><td><a href="#/run/${esc(r.name)}">${esc(r.name)}</a></td><td><span class="status status-${esc(r.status)}">${esc(r.status)}</span></td>
+      <td class="num">${fmtInt(r.steps)}</td><td class="num">${fmtInt(r.tok_s)}</td><td class="num">${fmt(r.val_bpb)}</td></tr>`).join("") + "</table></section>";
   if (!s.bpb || !s.toks) return;
   const pts = s.rows.map((r, i) => ({ x: r[s.toks], y: r[s.bpb], i })).filter((p) => typeof p.x === "number" && typeof p.y === "number");
   const front = pts.filter((p) => s.pareto.includes(p.i)).sort((a, b) => a.x - b.x);
   chart($("#pareto-chart"), { type: "scatter", data: { datasets: [
-      { label: "sweep points (measured)", data: pts, pointRadius: 4 },
+      { label: "sweep points (measured)", data: pts, pointRadius: 5, backgroundColor: "#2563eb", borderColor: "#2563eb" },
       line("Pareto front", front, { borderColor: "#b91c1c", pointRadius: 5 })] },
-    options: { scales: { x: { title: { display: true, text: `${s.toks} (tokens/s)` } }, y: { title: { display: true, text: `${s.bpb} (val_bpb)` } } } } });
+    options: { scales: { x: { title: { display: true, text: `${s.toks} (tokens/s)` } }, y: { grace: "10%", title: { display: true, text: `${s.bpb} (val_bpb)` } } } } });
 }
 
 // ---------------------------------------------------------------- judge tour
