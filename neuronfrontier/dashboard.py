@@ -130,7 +130,7 @@ def _kernel_entry(name, title, kernel, args, shapes, max_points):
         measured=dict(label="measured in the simulator", hbm_read_bytes=tr.hbm_read_bytes, hbm_write_bytes=tr.hbm_write_bytes,
                       hbm_bytes=tr.hbm_bytes, compulsory_read_bytes=nbytes(args), compulsory_write_bytes=nbytes(out),
                       peak_sbuf_bytes_pp=tr.peak_sbuf_bytes, peak_psum_bytes_pp=tr.peak_psum_bytes, n_instructions=tr.n_instructions,
-                      instructions=dict(sorted(tr.instructions.items(), key=lambda kv: -kv[1])), engines=dict(tr.engines),
+                      instructions=dict(sorted(tr.instructions.items(), key=lambda kv: -kv[1])), engines=dict(tr.engine_instructions),
                       dma_count=tr.dma_count, tensor_flops=tr.tensor_flops),
         timeline=dict(label="measured in the simulator", **downsample_timeline(tr.timeline, tr.timeline_ops, max_points)),
         roofline=dict(label="roofline estimate", hw="one trn2 NeuronCore", total_s=est["total"], bound=est["bound"],

@@ -4,11 +4,12 @@
 
 # %% ../nbs/10_hardware.ipynb #ec3b5b56
 from __future__ import annotations
+import os
 from dataclasses import dataclass, field, replace
 
 # %% auto #0
-__all__ = ['KiB', 'MiB', 'GiB', 'TRN2', 'TRN2_CORE', 'TRN2_LNC2', 'H200', 'H100', 'CPU', 'DEVICES', 'HardwareSpec', 'get_device',
-           'mfu', 'estimate_time']
+__all__ = ['KiB', 'MiB', 'GiB', 'TRN2', 'TRN2_CORE', 'TRN2_LNC2', 'H200', 'H100', 'CPU', 'DEVICES', 'PMAX', 'FMAX', 'MAX_LNC',
+           'INSTRUCTION_LIMIT', 'HardwareSpec', 'logical_cores', 'core_range', 'get_device', 'mfu', 'estimate_time']
 
 # %% ../nbs/10_hardware.ipynb #397ee5b9
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -75,6 +76,21 @@ H100 = HardwareSpec('h100', peak_tflops=dict(bf16=989., fp8=1979., fp32=67.), hb
 CPU = HardwareSpec('cpu', source='peak unknown: MFU is reported as None')
 
 DEVICES = {s.name: s for s in (TRN2, TRN2_CORE, TRN2_LNC2, H200, H100, CPU)}
+
+PMAX = TRN2.partitions          # rows of a tile: the partitions (nl.tile_size.pmax)
+FMAX = TRN2.moving_fmax         # free size of a moving matmul operand = fp32 elements of one 2 KiB PSUM bank
+MAX_LNC = 2                     # a NKI kernel launches on kernel[1] or kernel[2] logical cores
+INSTRUCTION_LIMIT = 5_000_000   # ISA instructions neuronx-cc compiles in one kernel (error NCC_EXTP004 above)
+
+def logical_cores() -> int:
+    "Logical NeuronCores a NKI kernel is launched on: NEURON_LOGICAL_NC_CONFIG if set, else 2 (trn2's runtime default)."
+    v = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip() or "2"
+    if v not in ("1", "2"): raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={v}: trn2 supports 1 or 2 logical-core configurations")
+    return int(v)
+
+def core_range(n: int, core: int, cores: int) -> range:
+    "The share of `n` work items core `core` of `cores` takes in a kernel[cores] launch: contiguous, sizes differing by ≤ 1."
+    return range(core * n // cores, (core + 1) * n // cores)
 
 def get_device(device) -> HardwareSpec:
     "A `HardwareSpec` from a spec or a name in `DEVICES` (case-insensitive; 'cuda' means H200)."

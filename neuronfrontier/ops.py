@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
-           'torch_neuronx_module', 'rel_err', 'rms_norm', 'swiglu', 'attention', 'cross_entropy', 'rms_norm_torch',
-           'swiglu_torch', 'attention_torch', 'cross_entropy_torch']
+           'torch_neuronx_module', 'rms_norm', 'swiglu', 'attention', 'cross_entropy', 'rms_norm_torch', 'swiglu_torch',
+           'attention_torch', 'cross_entropy_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "attention", "cross_entropy")
@@ -91,11 +91,6 @@ def torch_neuronx_module():
         return torch_neuronx
     except Exception:
         return None
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    "max|a − b| / max|b|, computed in fp64."
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 # %% ../nbs/03_ops.ipynb #99e9b258
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

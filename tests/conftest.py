@@ -18,3 +18,11 @@ def cli(*args, cwd=None, timeout=900):
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "neuronfrontier.cli"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env)
+
+
+@pytest.fixture
+def fake_torch_neuronx():
+    "A stand-in for torch_neuronx on CPU: its nki_op is torch.library.custom_op (op names moved to the nf_test namespace)."
+    import types, torch
+    return types.SimpleNamespace(nki_op=lambda name, mutates_args: torch.library.custom_op(
+        name.replace("neuronfrontier::", "nf_test::"), mutates_args=mutates_args))

@@ -2,9 +2,10 @@
 import pytest, torch
 import torch.nn.functional as F
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI, last_trace
-from neuronfrontier.kernels.attention import (attention_errors, attention_nki_sim, check_attention_args, train_losses, TOL,
-                                              NKI_BACKEND)
+from neuronfrontier.sim import REAL_NKI, last_trace, simulate
+from neuronfrontier.testing import attention_errors, train_losses, compare_backends, traffic
+from neuronfrontier.kernels.attention import (attention_nki_sim, check_args, TOL, NKI_REGISTERED, _register_nki,
+                                              flash_fwd_kernel, flash_bwd_kernel, hbm_traffic)
 
 
 @pytest.mark.parametrize("B,H,T,d,dtype", [
@@ -44,26 +45,48 @@ def test_skips_masked_tiles():
     assert last_trace().instructions["affine_select"] == n                       # only diagonal tiles are masked
 
 
+@pytest.mark.parametrize("lnc", ["1", "2"])
+def test_one_or_two_logical_cores(monkeypatch, lnc):
+    "B·H = 3 rows: all on one core, or 1 + 2 on two; the same gradients either way."
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    e = attention_errors(1, 3, 256, 64, seed=9)
+    assert max(e.values()) < TOL[torch.float32], e
+    assert last_trace().lnc == int(lnc) and len(last_trace().program_instructions) == int(lnc)
+
+
+def test_dq_accumulates_on_chip():
+    "dQ goes to HBM once per (batch·head), cast to the input dtype; no read-modify-write of dQ in HBM."
+    torch.manual_seed(0)
+    BH, T, d = 2, 512, 64
+    q, k, v, do = (torch.randn(BH, T, d) for _ in range(4))
+    qT, kT, vT, doT = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+    o, lse = simulate(flash_fwd_kernel[1])(qT, kT, v)
+    dsum = (do * o).sum(-1, keepdim=True)
+    t = traffic(flash_bwd_kernel[1], qT, kT, vT, q, k, do, doT, lse, dsum)
+    assert hbm_traffic(BH, T, d, 4)["bwd"] == dict(read=t.hbm_read_bytes, written=t.hbm_write_bytes)
+    assert t.hbm_write_bytes == 3 * BH * T * d * 4 and "dma_compute" not in t.instructions
+
+
 @pytest.mark.parametrize("shape,causal,msg", [
     ((1, 1, 200, 64), True, "multiple of 128"), ((1, 1, 128, 32), True, "64 or 128"),
     ((1, 1, 128, 64), False, "causal=False"), ((128, 64), True, "[B, H, T, d_head]"),
 ])
 def test_rejects(shape, causal, msg):
-    with pytest.raises(ValueError, match="ops.attention") as e:
+    with pytest.raises(ValueError, match=r"ops.attention \(nki-sim\)") as e:
         attention_nki_sim(*(torch.zeros(shape) for _ in range(3)), causal=causal)
     assert msg in str(e.value)
 
 
 def test_rejects_mixed_dtypes():
     with pytest.raises(ValueError, match="float32 or all bfloat16"):
-        check_attention_args(torch.zeros(1, 1, 128, 64), torch.zeros(1, 1, 128, 64, dtype=torch.bfloat16), torch.zeros(1, 1, 128, 64))
+        check_args(torch.zeros(1, 1, 128, 64), torch.zeros(1, 1, 128, 64, dtype=torch.bfloat16), torch.zeros(1, 1, 128, 64))
 
 
 def test_import_registers_backends():
     ops.resolve("attention")   # loads the kernel modules
     assert "nki-sim" in ops._IMPLS["attention"]
-    assert NKI_BACKEND == ("nki" in ops._IMPLS["attention"])
-    if not REAL_NKI: assert not NKI_BACKEND
+    assert NKI_REGISTERED == ("nki" in ops._IMPLS["attention"])
+    if not REAL_NKI: assert not NKI_REGISTERED
 
 
 @pytest.mark.slow
@@ -88,10 +111,37 @@ def test_long_sequences(T, d, dtype):
 @pytest.mark.neuron
 def test_nki_backend_on_device():
     "Needs a trn2 with torch_neuronx: not run on CPU machines."
-    assert NKI_BACKEND
+    assert NKI_REGISTERED
     dev = torch.device("neuron")
     q, k, v = (torch.randn(1, 2, 512, 64, device=dev) for _ in range(3))
     with ops.use_backend("attention=nki"):
         y = ops.attention(q, k, v)
     ref = F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True)
     torch.testing.assert_close(y.cpu(), ref, atol=1e-3, rtol=1e-3)
+
+
+def test_nki_backend_wiring_with_a_custom_op_stand_in(fake_torch_neuronx):
+    "The `nki` backend's wiring (custom ops, register_autograd, kernel[lnc], layouts) with torch.library.custom_op for nki_op."
+    assert _register_nki(fake_torch_neuronx)
+    try:
+        g = torch.Generator().manual_seed(7)
+        q, k, v = (torch.randn(1, 2, 256, 64, generator=g) for _ in range(3))
+        e = compare_backends("attention", q, k, v, backend="nki")
+        assert max(e.values()) < TOL[torch.float32], e
+    finally:
+        ops._IMPLS["attention"].pop("nki", None)
+
+
+def test_dry_run_counts_the_kernels_exactly():
+    "The dense-124m instruction counts in the notebook come from dry runs: on a small launch they equal a full simulation."
+    torch.manual_seed(1)
+    BH, T, d = 3, 384, 64
+    q, k, v, do = (torch.randn(BH, T, d) for _ in range(4))
+    qT, kT, vT, doT = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+    o, lse = simulate(flash_fwd_kernel[2])(qT, kT, v)
+    args = (qT, kT, vT, q, k, do, doT, lse, (do * o).sum(-1, keepdim=True))
+    for kern, a in ((flash_fwd_kernel[2], (qT, kT, v)), (flash_bwd_kernel[2], args)):
+        full, dry = traffic(kern, *a), traffic(kern, *a, dry=True)
+        for f in ("engine_instructions", "program_instructions", "hbm_read_bytes", "hbm_write_bytes", "peak_sbuf_bytes",
+                  "peak_psum_bytes", "pe_cycles", "vector_elems", "scalar_elems", "gpsimd_elems"):
+            assert getattr(full, f) == getattr(dry, f), f

@@ -1,23 +1,38 @@
 """ops.rms_norm with backend nki-sim against the torch backend on shapes the notebook does not show."""
-import pytest, torch
+import numpy as np, pytest, torch
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI
-from neuronfrontier.kernels.rmsnorm import compare_backends, rms_norm_nki_sim, TOL, traffic
+from neuronfrontier.sim import REAL_NKI, simulate, nl
+from neuronfrontier.testing import compare_backends, traffic
+from neuronfrontier.kernels.rmsnorm import (rms_norm_nki_sim, rmsnorm_fwd_kernel, rmsnorm_bwd_kernel, check_args, TOL,
+                                            hbm_traffic, _register_nki, NKI_REGISTERED)
 
 pytestmark = pytest.mark.skipif(REAL_NKI, reason='simulator tests (a real NKI is installed)')
+
+
+def _inputs(shape, dtype, w_dtype=None, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen).to(dtype), (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(w_dtype or dtype)
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (129, 512), (2, 3, 100, 384), (4, 257, 1024)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_matches_torch(shape, dtype):
-    e = compare_backends(shape, dtype, seed=1)
+    e = compare_backends("rms_norm", *_inputs(shape, dtype))
     assert max(e.values()) <= TOL[dtype], e
 
 
 def test_mixed_dtypes_and_eps():
     "bf16 activations with an fp32 gain (the model under bf16 autocast), and a large eps."
-    e = compare_backends((130, 256), torch.bfloat16, eps=1e-2, w_dtype=torch.float32, seed=2)
+    e = compare_backends("rms_norm", *_inputs((130, 256), torch.bfloat16, torch.float32, seed=2), eps=1e-2)
     assert max(e.values()) <= TOL[torch.bfloat16], e
+
+
+@pytest.mark.parametrize("lnc", ["1", "2"])
+def test_one_or_two_logical_cores(monkeypatch, lnc):
+    "The wrapper launches kernel[NEURON_LOGICAL_NC_CONFIG]; both splits give the torch result (3 row tiles: 1 + 2 at LNC=2)."
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    e = compare_backends("rms_norm", *_inputs((300, 256), torch.float32, seed=3))
+    assert max(e.values()) <= TOL[torch.float32], e
 
 
 def test_backend_routing_and_grad_flag():
@@ -39,11 +54,25 @@ def test_backend_routing_and_grad_flag():
 def test_clear_errors(x, w, msg):
     with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)")) as e:
         rms_norm_nki_sim(x, w)
-    assert "rms_norm" in str(e.value)
+    assert "ops.rms_norm (nki-sim)" in str(e.value)
 
 
-def test_traffic_is_compulsory():
-    t = traffic(200, 640)
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_traffic_is_compulsory(lnc):
+    x, w = (torch.randn(200, 640).to(torch.bfloat16), torch.ones(1, 640, dtype=torch.bfloat16))
+    _, rstd = simulate(rmsnorm_fwd_kernel[lnc])(x, w, 1e-6)
+    t = dict(fwd=traffic(rmsnorm_fwd_kernel[lnc], x, w, 1e-6), bwd=traffic(rmsnorm_bwd_kernel[lnc], x, w, rstd, x))
+    m = hbm_traffic(200, 640, 2, lnc)
     for k in ("fwd", "bwd"):
-        assert t[k]["trace"].hbm_bytes <= 1.1 * t[k]["compulsory"]
-        assert t[k]["trace"].hbm_bytes < t[k]["unfused"]
+        assert t[k].hbm_bytes == m[k]["compulsory"] < m[k]["unfused"]
+
+
+def test_nki_backend_wiring_with_a_custom_op_stand_in(fake_torch_neuronx):
+    "The `nki` backend's wiring (custom ops, register_autograd, kernel[lnc]) with torch.library.custom_op for nki_op."
+    assert NKI_REGISTERED is False
+    assert _register_nki(fake_torch_neuronx)
+    try:
+        e = compare_backends("rms_norm", *_inputs((200, 256), torch.float32, seed=4), backend="nki")
+        assert max(e.values()) <= TOL[torch.float32], e
+    finally:
+        ops._IMPLS["rms_norm"].pop("nki", None)

@@ -6,19 +6,82 @@
 from __future__ import annotations
 import torch
 from .. import ops
+from ..hw import PMAX as P, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate, REAL_NKI
 
 # %% auto #0
-__all__ = ['NEG', 'KB', 'NKI_BACKEND', 'TOL', 'flash_fwd_kernel', 'flash_bwd_kernel', 'check_attention_args', 'FlashAttentionSim',
-           'attention_nki_sim', 'attention_errors', 'train_losses']
+__all__ = ['NEG', 'KB', 'NKI_REGISTERED', 'TOL', 'flash_fwd_kernel', 'flash_bwd_kernel', 'check_args', 'FlashAttentionSim',
+           'attention_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/14_kernel_attention.ipynb #2d17f246
 NEG = -1.0e30   # "minus infinity" for masked scores and the initial running max: finite, so no inf - inf on any engine
-KB = 512        # forward key-block width: 128 x 512 fp32 scores fill exactly one 2 KiB PSUM bank
+KB = FMAX       # forward key-block width: 128 x 512 fp32 scores fill exactly one 2 KiB PSUM bank
+
+def _fwd_head(qT, kT, v, o, lse):
+    "Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM."
+    d, T = qT.shape
+    scale = float(d) ** -0.5
+    for i in range(T // P):                                # query tiles: rows q0 .. q0+127 on the partitions
+        q0 = i * P
+        q_t = nl.ndarray((d, P), dtype=qT.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=q_t, src=qT[:, q0:q0 + P])       # HBM→SBUF: Qᵢᵀ, stationary for every key block
+        m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row max
+        nisa.memset(dst=m, value=NEG)
+        l = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row sum of exp(s - m)
+        nisa.memset(dst=l, value=0.0)
+        acc = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)     # running sum of exp(s - m) v
+        nisa.memset(dst=acc, value=0.0)
+        for j in range((q0 + P + KB - 1) // KB):           # key blocks left of the diagonal's end only
+            k0 = j * KB
+            kw = min(KB, q0 + P - k0)                      # trimmed: keys >= q0+128 are masked for every row
+            k_t = nl.ndarray((d, kw), dtype=kT.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=k_t, src=kT[:, k0:k0 + kw])  # HBM→SBUF: Kᵀ block
+            s_ps = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=s_ps, stationary=q_t, moving=k_t)           # S = Qᵢ Kᵀ (one PSUM bank)
+            s = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=s, data=s_ps, op0=nl.multiply, operand0=scale)   # PSUM→SBUF, scaled
+            if k0 + kw > q0:                               # the block that holds the diagonal: keep k <= q
+                nisa.affine_select(dst=s, pattern=[[-1, kw]], channel_multiplier=1, on_true_tile=s,
+                                   on_false_value=NEG, cmp_op=nl.greater_equal, offset=q0 - k0)
+            m_blk = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=m_blk, op=nl.maximum, data=s, axis=1, keepdims=True)
+            m_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=m_new, data1=m, data2=m_blk, op=nl.maximum)
+            neg_m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=neg_m, data=m_new, op0=nl.multiply, operand0=-1.0)
+            p = nl.ndarray((P, kw), dtype=v.dtype, buffer=nl.sbuf)       # P = exp(s - m'), in the dtype of v
+            row = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)   # its fp32 row sum, same instruction
+            nisa.activation(dst=p, op=nl.exp, data=s, bias=neg_m, scale=1.0, reduce_op=nl.add, reduce_res=row,
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+            alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m - m') <= 1
+            nisa.activation(dst=alpha, op=nl.exp, data=m, bias=neg_m, scale=1.0)
+            nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=row)
+            pv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)  # P V, accumulated over 128-key chunks
+            for c in range(kw // P):
+                pT_ps = nl.ndarray((P, P), dtype=v.dtype, buffer=nl.psum)
+                nisa.nc_transpose(dst=pT_ps, data=p[:, c * P:(c + 1) * P])   # keys onto the partitions
+                pT = nl.ndarray((P, P), dtype=v.dtype, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=pT, src=pT_ps)                          # PSUM→SBUF
+                v_t = nl.ndarray((P, d), dtype=v.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=v_t, src=v[k0 + c * P:k0 + (c + 1) * P, :])   # HBM→SBUF: V chunk
+                nisa.nc_matmul(dst=pv_ps, stationary=pT, moving=v_t)
+            nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
+                                      operand1=pv_ps)      # a ← α a + P V (reads PSUM)
+            nisa.tensor_copy(dst=m, src=m_new)
+        inv_l = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=inv_l, data=l)                 # Vector engine: the precise reciprocal
+        o_t = nl.ndarray((P, d), dtype=v.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=o_t, data=acc, op0=nl.multiply, operand0=inv_l)   # o = a / ℓ
+        nisa.dma_copy(dst=o[q0:q0 + P, :], src=o_t)        # SBUF→HBM: output rows
+        lse_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=lse_t, op=nl.log, data=l)      # ℓ >= 1: inside log's valid range
+        nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=m, op=nl.add)      # L = m + log ℓ
+        nisa.dma_copy(dst=lse[q0:q0 + P, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
 
 @nki.jit
 def flash_fwd_kernel(qT, kT, v):
-    """Causal FlashAttention forward for one (batch·head) per SPMD program; launch as `flash_fwd_kernel[BH]`.
+    """Causal FlashAttention forward of every (batch·head); launch as `flash_fwd_kernel[lnc]`, lnc = 1 or 2 logical
+    cores (with 2, each core takes half of the BH rows).
 
     qT, kT: [BH, d, T] (d on the partitions: the contraction dim of S = Q Kᵀ); v: [BH, T, d].
     d ∈ {64, 128}, T a multiple of 128; fp32 or bf16 (all three the same dtype).
@@ -26,160 +89,113 @@ def flash_fwd_kernel(qT, kT, v):
     """
     BH, d, T = qT.shape
     assert d in (64, 128), f"flash_fwd_kernel: d_head must be 64 or 128 (one partition tile), got {d}"
-    assert T % 128 == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
+    assert T % P == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
     assert tuple(kT.shape) == (BH, d, T), f"flash_fwd_kernel: kT shape {kT.shape} must equal qT shape {qT.shape}"
     assert tuple(v.shape) == (BH, T, d), f"flash_fwd_kernel: v shape {v.shape} must be {(BH, T, d)}"
-    scale = float(d) ** -0.5
-    bh = nl.program_id(0)
     o = nl.ndarray((BH, T, d), dtype=v.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((BH, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    for i in nl.static_range(T // 128):                    # query tiles: rows q0 .. q0+127 on the partitions
-        q0 = i * 128
-        q_t = nl.ndarray((d, 128), dtype=qT.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q_t, src=qT[bh, :, q0:q0 + 128])  # HBM→SBUF: Qᵢᵀ, stationary for every key block
-        m = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row max
-        nisa.memset(dst=m, value=NEG)
-        l = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row sum of exp(s - m)
-        nisa.memset(dst=l, value=0.0)
-        acc = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.sbuf)     # running sum of exp(s - m) v
-        nisa.memset(dst=acc, value=0.0)
-        for j in nl.static_range((q0 + 128 + KB - 1) // KB):   # key blocks left of the diagonal's end only
-            k0 = j * KB
-            kw = min(KB, q0 + 128 - k0)                        # trimmed: keys >= q0+128 are masked for every row
-            k_t = nl.ndarray((d, kw), dtype=kT.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=k_t, src=kT[bh, :, k0:k0 + kw])  # HBM→SBUF: Kᵀ block
-            s_ps = nl.ndarray((128, kw), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=s_ps, stationary=q_t, moving=k_t)           # S = Qᵢ Kᵀ (one PSUM bank)
-            s = nl.ndarray((128, kw), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=s, data=s_ps, op0=nl.multiply, operand0=scale)   # PSUM→SBUF, scaled
-            if k0 + kw > q0:                                   # the block that holds the diagonal: keep k <= q
-                nisa.affine_select(dst=s, pattern=[[-1, kw]], offset=q0 - k0, channel_multiplier=1,
-                                   on_true_tile=s, on_false_value=NEG, cmp_op=nl.greater_equal)
-            m_blk = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=m_blk, op=nl.maximum, data=s, axis=1, keepdims=True)
-            m_new = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=m_new, data1=m, data2=m_blk, op=nl.maximum)
-            neg_m = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=neg_m, data=m_new, op0=nl.multiply, operand0=-1.0)
-            p = nl.ndarray((128, kw), dtype=v.dtype, buffer=nl.sbuf)       # P = exp(s - m'), in the dtype of v
-            row = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)   # its fp32 row sum, same instruction
-            nisa.activation(dst=p, op=nl.exp, data=s, bias=neg_m, scale=1.0, reduce_op=nl.add, reduce_res=row,
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            alpha = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m - m') <= 1
-            nisa.activation(dst=alpha, op=nl.exp, data=m, bias=neg_m, scale=1.0)
-            nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=row)
-            pv_ps = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.psum)  # P V, accumulated over 128-key chunks
-            for c in nl.static_range(kw // 128):
-                pT_ps = nl.ndarray((128, 128), dtype=v.dtype, buffer=nl.psum)
-                nisa.nc_transpose(dst=pT_ps, data=p[:, c * 128:(c + 1) * 128])   # keys onto the partitions
-                pT = nl.ndarray((128, 128), dtype=v.dtype, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=pT, src=pT_ps)                             # PSUM→SBUF
-                v_t = nl.ndarray((128, d), dtype=v.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=v_t, src=v[bh, k0 + c * 128:k0 + (c + 1) * 128, :])   # HBM→SBUF: V chunk
-                nisa.nc_matmul(dst=pv_ps, stationary=pT, moving=v_t)
-            nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
-                                      operand1=pv_ps)          # a ← α a + P V (reads PSUM)
-            nisa.tensor_copy(dst=m, src=m_new)
-        inv_l = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=inv_l, data=l)
-        o_t = nl.ndarray((128, d), dtype=v.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=o_t, data=acc, op0=nl.multiply, operand0=inv_l)   # o = a / ℓ
-        nisa.dma_copy(dst=o[bh, q0:q0 + 128, :], src=o_t)       # SBUF→HBM: output rows
-        lse_t = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=lse_t, op=nl.log, data=l)
-        nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=m, op=nl.add)          # L = m + log ℓ
-        nisa.dma_copy(dst=lse[bh, q0:q0 + 128, :], src=lse_t)   # SBUF→HBM: log-sum-exp for the backward
+    for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
+        _fwd_head(qT[bh], kT[bh], v[bh], o[bh], lse[bh])
     return o, lse
 
 # %% ../../nbs/14_kernel_attention.ipynb #37b07b11
+def _bwd_head(qT, kT, vT, q, k, do, doT, lse, dsum, dq, dk, dv, dq_in_hbm=False):
+    """Kernel helper: the backward of one (batch·head); inputs as `flash_bwd_kernel`'s without the BH dim, outputs written
+    to dq, dk, dv [T, d] in HBM. dQ accumulates on chip (an fp32 [128, T/128, d] SBUF tile, written once at the end);
+    `dq_in_hbm=True` instead adds each contribution into HBM with `nisa.dma_compute` (kept to measure the two)."""
+    d, T = qT.shape
+    nT, dt, scale = T // P, q.dtype, float(d) ** -0.5
+    dq_acc = None if dq_in_hbm else nl.ndarray((P, nT, d), dtype=nl.float32, buffer=nl.sbuf)   # dQ of every query tile
+    for j in range(nT):                                    # key tiles: keys k0 .. k0+127
+        k0 = j * P
+        kT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=kT_t, src=kT[:, k0:k0 + P])      # HBM→SBUF: Kⱼᵀ
+        vT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=vT_t, src=vT[:, k0:k0 + P])      # HBM→SBUF: Vⱼᵀ
+        k_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=k_t, src=k[k0:k0 + P, :])        # HBM→SBUF: Kⱼ
+        dk_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
+        dv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
+        for i in range(j, nT):                             # query tiles on or below the diagonal only
+            q0 = i * P
+            qT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=qT_t, src=qT[:, q0:q0 + P])  # HBM→SBUF: Qᵢᵀ
+            q_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=q_t, src=q[q0:q0 + P, :])    # HBM→SBUF: Qᵢ
+            do_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=do_t, src=do[q0:q0 + P, :])  # HBM→SBUF: dOᵢ
+            doT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
+            nisa.dma_copy(dst=doT_t, src=doT[:, q0:q0 + P])   # HBM→SBUF: dOᵢᵀ
+            neg_lse = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=neg_lse, src=lse[q0:q0 + P, :])   # HBM→SBUF: Lᵢ
+            nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
+            D_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=D_t, src=dsum[q0:q0 + P, :])      # HBM→SBUF: Dᵢ
+            s_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=s_ps, stationary=qT_t, moving=kT_t)   # Qᵢ Kⱼᵀ [q, k]
+            p = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=p, op=nl.exp, data=s_ps, bias=neg_lse, scale=scale)   # P = exp(s/√d - L), PSUM→SBUF
+            if i == j:                                     # diagonal tile: zero the keys after the query
+                nisa.affine_select(dst=p, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=p,
+                                   on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0)
+            p_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=p_lo, src=p)              # P in the matmul dtype
+            nisa.nc_matmul(dst=dv_ps, stationary=p_lo, moving=do_t)      # dVⱼ += Pᵀ dOᵢ
+            dp_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=dp_ps, stationary=doT_t, moving=vT_t)     # dP = dOᵢ Vⱼᵀ [q, k]
+            ds = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.scalar_tensor_tensor(dst=ds, data=dp_ps, op0=nl.subtract, operand0=D_t, op1=nl.multiply,
+                                      operand1=p)         # dS = P ⊙ (dP - D), PSUM→SBUF
+            ds_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=ds_lo, data=ds, op0=nl.multiply, operand0=scale)   # dS/√d in the matmul dtype
+            nisa.nc_matmul(dst=dk_ps, stationary=ds_lo, moving=q_t)      # dKⱼ += dSᵀ Qᵢ / √d
+            dsT_ps = nl.ndarray((P, P), dtype=dt, buffer=nl.psum)
+            nisa.nc_transpose(dst=dsT_ps, data=ds_lo)                    # keys onto the partitions
+            dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=dsT, src=dsT_ps)          # PSUM→SBUF
+            dq_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=dq_ps, stationary=dsT, moving=k_t)        # dS Kⱼ / √d  [q, d]
+            if not dq_in_hbm:                              # PSUM→SBUF into the on-chip dQᵢ: the first key tile writes
+                if j == 0: nisa.tensor_copy(dst=dq_acc[:, i, :], src=dq_ps)
+                else: nisa.tensor_tensor(dst=dq_acc[:, i, :], data1=dq_acc[:, i, :], data2=dq_ps, op=nl.add)
+            else:
+                dq_t = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=dq_t, src=dq_ps)      # PSUM→SBUF
+                if j == 0: nisa.dma_copy(dst=dq[q0:q0 + P, :], src=dq_t)                           # SBUF→HBM
+                else: nisa.dma_compute(dst=dq[q0:q0 + P, :], srcs=[dq_t, dq[q0:q0 + P, :]], reduce_op=nl.add)   # HBM += SBUF
+        dk_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=dk_t, src=dk_ps)              # PSUM→SBUF (cast)
+        nisa.dma_copy(dst=dk[k0:k0 + P, :], src=dk_t)      # SBUF→HBM: dKⱼ
+        dv_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=dv_t, src=dv_ps)              # PSUM→SBUF (cast)
+        nisa.dma_copy(dst=dv[k0:k0 + P, :], src=dv_t)      # SBUF→HBM: dVⱼ
+    if not dq_in_hbm:   # SBUF→HBM: dQ once, all tiles in one DMA (the [T, d] view as [128, T/128, d]), cast to dq's dtype
+        nisa.dma_copy(dst=dq.reshape((nT, P, d)).permute((1, 0, 2)), src=dq_acc)
+
 @nki.jit
 def flash_bwd_kernel(qT, kT, vT, q, k, do, doT, lse, dsum):
-    """Causal FlashAttention backward for one (batch·head) per SPMD program; launch as `flash_bwd_kernel[BH]`.
+    """Causal FlashAttention backward of every (batch·head); launch as `flash_bwd_kernel[lnc]` (with 2 logical
+    cores each takes half of the BH rows).
 
     qT, kT, vT, doT: [BH, d, T]; q, k, do: [BH, T, d] (all one dtype, fp32 or bf16);
     lse: [BH, T, 1] fp32 from `flash_fwd_kernel`; dsum: [BH, T, 1] fp32, D = rowsum(dO ⊙ O).
-    Returns dq [BH, T, d] fp32 (accumulated in HBM), dk and dv [BH, T, d] in the input dtype.
+    Returns dq, dk, dv [BH, T, d] in the input dtype (dq accumulated in fp32 on chip).
     """
     BH, d, T = qT.shape
     assert d in (64, 128), f"flash_bwd_kernel: d_head must be 64 or 128 (one partition tile), got {d}"
-    assert T % 128 == 0, f"flash_bwd_kernel: T must be a multiple of 128, got {T}"
+    assert T % P == 0, f"flash_bwd_kernel: T must be a multiple of 128, got {T}"
     for name, t, shp in (("kT", kT, (BH, d, T)), ("vT", vT, (BH, d, T)), ("doT", doT, (BH, d, T)), ("q", q, (BH, T, d)),
                          ("k", k, (BH, T, d)), ("do", do, (BH, T, d)), ("lse", lse, (BH, T, 1)), ("dsum", dsum, (BH, T, 1))):
         assert tuple(t.shape) == shp, f"flash_bwd_kernel: {name} has shape {t.shape}, expected {shp}"
-    scale = float(d) ** -0.5
-    bh = nl.program_id(0)
-    dt = q.dtype
-    dq = nl.ndarray((BH, T, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    dk = nl.ndarray((BH, T, d), dtype=dt, buffer=nl.shared_hbm)
-    dv = nl.ndarray((BH, T, d), dtype=dt, buffer=nl.shared_hbm)
-    nT = T // 128
-    for j in nl.static_range(nT):                              # key tiles: keys k0 .. k0+127
-        k0 = j * 128
-        kT_t = nl.ndarray((d, 128), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=kT_t, src=kT[bh, :, k0:k0 + 128])    # HBM→SBUF: Kⱼᵀ
-        vT_t = nl.ndarray((d, 128), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=vT_t, src=vT[bh, :, k0:k0 + 128])    # HBM→SBUF: Vⱼᵀ
-        k_t = nl.ndarray((128, d), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=k_t, src=k[bh, k0:k0 + 128, :])      # HBM→SBUF: Kⱼ
-        dk_ps = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
-        dv_ps = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
-        for i in nl.static_range(j, nT):                       # query tiles on or below the diagonal only
-            q0 = i * 128
-            qT_t = nl.ndarray((d, 128), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=qT_t, src=qT[bh, :, q0:q0 + 128])   # HBM→SBUF: Qᵢᵀ
-            q_t = nl.ndarray((128, d), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=q_t, src=q[bh, q0:q0 + 128, :])     # HBM→SBUF: Qᵢ
-            do_t = nl.ndarray((128, d), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=do_t, src=do[bh, q0:q0 + 128, :])   # HBM→SBUF: dOᵢ
-            doT_t = nl.ndarray((d, 128), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=doT_t, src=doT[bh, :, q0:q0 + 128]) # HBM→SBUF: dOᵢᵀ
-            neg_lse = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=neg_lse, src=lse[bh, q0:q0 + 128, :])   # HBM→SBUF: Lᵢ
-            nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
-            D_t = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=D_t, src=dsum[bh, q0:q0 + 128, :])      # HBM→SBUF: Dᵢ
-            s_ps = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=s_ps, stationary=qT_t, moving=kT_t)   # Qᵢ Kⱼᵀ [q, k]
-            p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=p, op=nl.exp, data=s_ps, bias=neg_lse, scale=scale)   # P = exp(s/√d - L), PSUM→SBUF
-            if i == j:                                         # diagonal tile: zero the keys after the query
-                nisa.affine_select(dst=p, pattern=[[-1, 128]], offset=q0 - k0, channel_multiplier=1,
-                                   on_true_tile=p, on_false_value=0.0, cmp_op=nl.greater_equal)
-            p_lo = nl.ndarray((128, 128), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=p_lo, src=p)                  # P in the matmul dtype
-            nisa.nc_matmul(dst=dv_ps, stationary=p_lo, moving=do_t)      # dVⱼ += Pᵀ dOᵢ
-            dp_ps = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=dp_ps, stationary=doT_t, moving=vT_t)     # dP = dOᵢ Vⱼᵀ [q, k]
-            ds = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=ds, data=dp_ps, op0=nl.subtract, operand0=D_t, op1=nl.multiply,
-                                      operand1=p)             # dS = P ⊙ (dP - D), PSUM→SBUF
-            ds_lo = nl.ndarray((128, 128), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ds_lo, data=ds, op0=nl.multiply, operand0=scale)   # dS/√d in the matmul dtype
-            nisa.nc_matmul(dst=dk_ps, stationary=ds_lo, moving=q_t)      # dKⱼ += dSᵀ Qᵢ / √d
-            dsT_ps = nl.ndarray((128, 128), dtype=dt, buffer=nl.psum)
-            nisa.nc_transpose(dst=dsT_ps, data=ds_lo)                    # keys onto the partitions
-            dsT = nl.ndarray((128, 128), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=dsT, src=dsT_ps)              # PSUM→SBUF
-            dq_ps = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=dq_ps, stationary=dsT, moving=k_t)        # dS Kⱼ / √d  [q, d]
-            dq_t = nl.ndarray((128, d), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=dq_t, src=dq_ps)              # PSUM→SBUF
-            if j == 0:                                         # first contribution to dQᵢ: SBUF→HBM write
-                nisa.dma_copy(dst=dq[bh, q0:q0 + 128, :], src=dq_t)
-            else:                                              # later ones: SBUF→HBM read-modify-write add
-                nisa.dma_copy(dst=dq[bh, q0:q0 + 128, :], src=dq_t, dst_rmw_op=nl.add)
-        dk_t = nl.ndarray((128, d), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=dk_t, src=dk_ps)                  # PSUM→SBUF (cast)
-        nisa.dma_copy(dst=dk[bh, k0:k0 + 128, :], src=dk_t)    # SBUF→HBM: dKⱼ
-        dv_t = nl.ndarray((128, d), dtype=dt, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=dv_t, src=dv_ps)                  # PSUM→SBUF (cast)
-        nisa.dma_copy(dst=dv[bh, k0:k0 + 128, :], src=dv_t)    # SBUF→HBM: dVⱼ
+    dq, dk, dv = (nl.ndarray((BH, T, d), dtype=q.dtype, buffer=nl.shared_hbm) for _ in range(3))
+    for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
+        _bwd_head(qT[bh], kT[bh], vT[bh], q[bh], k[bh], do[bh], doT[bh], lse[bh], dsum[bh], dq[bh], dk[bh], dv[bh])
     return dq, dk, dv
 
 # %% ../../nbs/14_kernel_attention.ipynb #cc189457
 _DTYPES = (torch.float32, torch.bfloat16)
 
-def check_attention_args(q, k, v, causal=True, backend="nki-sim"):
+def check_args(q, k, v, causal=True, backend="nki-sim"):
     "Raise `ValueError` naming the op, the shape and the rule if the kernels cannot run these arguments."
     where = f"ops.attention ({backend})"
     if not causal: raise ValueError(f"{where}: causal=False is not implemented; the kernel computes causal attention only (use the torch backend)")
@@ -202,7 +218,7 @@ class FlashAttentionSim(torch.autograd.Function):
     def forward(ctx, q, k, v):
         B, H, T, d = q.shape
         (q3, qT), (k3, kT), (v3, _) = _layouts(q), _layouts(k), _layouts(v)
-        o, lse = simulate(flash_fwd_kernel[B * H])(qT, kT, v3)
+        o, lse = simulate(flash_fwd_kernel[logical_cores()])(qT, kT, v3)
         ctx.save_for_backward(q, k, v, o, lse)
         return o.view(B, H, T, d)
 
@@ -212,31 +228,31 @@ class FlashAttentionSim(torch.autograd.Function):
         B, H, T, d = q.shape
         (q3, qT), (k3, kT), (_, vT), (do3, doT) = _layouts(q), _layouts(k), _layouts(v), _layouts(do.to(q.dtype))
         dsum = (do3.float() * o.float()).sum(-1, keepdim=True)            # D = rowsum(dO ⊙ O), fp32
-        dq, dk, dv = simulate(flash_bwd_kernel[B * H])(qT, kT, vT, q3, k3, do3, doT, lse, dsum)
-        return dq.to(q.dtype).view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d)
+        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, vT, q3, k3, do3, doT, lse, dsum)
+        return dq.view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d)
 
 @ops.register("attention", "nki-sim")
 def attention_nki_sim(q, k, v, causal=True):
     "softmax(q kᵀ/√d_head + causal mask) v for q, k, v [B, H, T, d_head] by the NKI kernels in the CPU simulator."
-    check_attention_args(q, k, v, causal, "nki-sim")
+    check_args(q, k, v, causal, "nki-sim")
     return FlashAttentionSim.apply(q, k, v)
 
 # %% ../../nbs/14_kernel_attention.ipynb #7a0b41c0
-def _register_nki_backend() -> bool:
-    "Register the `nki` backend of `attention` when the real NKI and torch_neuronx are importable; True if registered."
-    tnx = ops.torch_neuronx_module()
+def _register_nki(tnx=None) -> bool:
+    "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
+    tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
     nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::flash_attention_fwd", mutates_args={})
     def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return flash_fwd_kernel[qT.shape[0]](qT, kT, v)
+        return flash_fwd_kernel[logical_cores()](qT, kT, v)
 
     @nki_op("neuronfrontier::flash_attention_bwd", mutates_args={})
     def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, vT: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                             do: torch.Tensor, doT: torch.Tensor, lse: torch.Tensor, dsum: torch.Tensor
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return flash_bwd_kernel[qT.shape[0]](qT, kT, vT, q, k, do, doT, lse, dsum)
+        return flash_bwd_kernel[logical_cores()](qT, kT, vT, q, k, do, doT, lse, dsum)
 
     def setup_context(ctx, inputs, output):
         qT, kT, v = inputs
@@ -249,58 +265,30 @@ def _register_nki_backend() -> bool:
         dsum = (do.float() * o.float()).sum(-1, keepdim=True)
         dq, dk, dv = flash_attention_bwd(qT, kT, v.transpose(1, 2).contiguous(), qT.transpose(1, 2).contiguous(),
                                          kT.transpose(1, 2).contiguous(), do, do.transpose(1, 2).contiguous(), lse, dsum)
-        return dq.to(v.dtype).transpose(1, 2), dk.transpose(1, 2), dv   # gradients w.r.t. qT, kT, v
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv   # gradients w.r.t. qT, kT, v
 
     flash_attention_fwd.register_autograd(backward, setup_context=setup_context)
 
     @ops.register("attention", "nki")
     def attention_nki(q, k, v, causal=True):
         "Causal attention by the NKI kernels on a NeuronCore (torch_neuronx custom op with a registered backward)."
-        check_attention_args(q, k, v, causal, "nki")
+        check_args(q, k, v, causal, "nki")
         B, H, T, d = q.shape
         (_, qT), (_, kT), (v3, _) = _layouts(q), _layouts(k), _layouts(v)
         o, _ = flash_attention_fwd(qT, kT, v3)
         return o.view(B, H, T, d)
     return True
 
-NKI_BACKEND = _register_nki_backend()
+NKI_REGISTERED = _register_nki()
 
 # %% ../../nbs/14_kernel_attention.ipynb #96bdee12
-def attention_errors(B, H, T, d, dtype=torch.float32, seed=0, backend="attention=nki-sim") -> dict:
-    "Max |error| / max |reference| of O, dQ, dK, dV from `ops.attention` under `backend` vs fp32 SDPA autograd."
-    g = torch.Generator().manual_seed(seed)
-    q, k, v, do = (torch.randn(B, H, T, d, generator=g).to(dtype) for _ in range(4))
-    ref = [x.detach().float().clone().requires_grad_() for x in (q, k, v)]
-    o_ref = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
-    o_ref.backward(do.float())
-    xs = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    with ops.use_backend(backend):
-        o = ops.attention(*xs, causal=True)
-    o.backward(do)
-    err = lambda a, b: ((a.float() - b).abs().max() / b.abs().max()).item()
-    return dict(o=err(o, o_ref), dq=err(xs[0].grad, ref[0].grad), dk=err(xs[1].grad, ref[1].grad), dv=err(xs[2].grad, ref[2].grad))
-
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
-# %% ../../nbs/14_kernel_attention.ipynb #fc9d8830
-def train_losses(cfg, backend: str, steps: int = 10, batch: int = 2, seed: int = 0, lr: float = 3e-3, period: int = 32) -> list[float]:
-    "Losses of `steps` AdamW steps of `GPT(cfg)` (seeded init, fixed token batches) with ops backend `backend`."
-    from neuronfrontier.model import GPT
-    torch.manual_seed(seed)
-    model = GPT(cfg)
-    with torch.no_grad():                 # the model zero-inits the attention output projection: give it weights so
-        for b in model.blocks:            # that attention (and its backward) shapes the loss from the first step
-            torch.nn.init.normal_(b.attn.wo.weight, std=cfg.d_attn ** -0.5)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(seed + 1)
-    # one fixed batch; each sequence repeats a random `period`-token motif, so after the first period the next token
-    # is predictable by attending `period` positions back (and the batch can be memorised): the loss falls quickly
-    motif = torch.randint(0, cfg.vocab_size, (batch, period), generator=g)
-    x = motif.repeat(1, (cfg.seq_len + 1) // period + 1)[:, :cfg.seq_len + 1]
-    out = []
-    with ops.use_backend(backend):
-        for _ in range(steps):
-            loss = model.loss(x[:, :-1], x[:, 1:])
-            opt.zero_grad(); loss.backward(); opt.step()
-            out.append(loss.item())
-    return out
+def hbm_traffic(BH, T, d, itemsize=2) -> dict:
+    """HBM bytes {'fwd'|'bwd': {'read', 'written'}} of the two kernels on BH (batch·head) rows of T tokens: the forward
+    reads Q once and, per query tile, the keys and values left of the diagonal's end; the backward reads Kᵀ, Vᵀ, K once
+    and Qᵀ, Q, dO, dOᵀ, L, D per (key, query) tile pair on or below the diagonal, and writes dQ, dK, dV once."""
+    n, s = T // P, itemsize
+    pairs = n * (n + 1) // 2
+    return dict(fwd=dict(read=BH * (T * d * s + 2 * P * pairs * d * s), written=BH * T * (d * s + 4)),
+                bwd=dict(read=BH * (3 * T * d * s + pairs * (4 * P * d * s + 2 * P * 4)), written=BH * 3 * T * d * s))

@@ -7,15 +7,15 @@ from __future__ import annotations
 import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate
+from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..sim import nki, nl, nisa, simulate, REAL_NKI
 
 # %% auto #0
-__all__ = ['P', 'VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel', 'CrossEntropySim',
-           'cross_entropy_nki_sim', 'hbm_bytes']
+__all__ = ['VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'TOL', 'NKI_REGISTERED', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel',
+           'check_args', 'CrossEntropySim', 'cross_entropy_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #b6af9715
-P = 128            # tokens per tile: the partition count
-VT = 512           # vocabulary columns per tile: one fp32 PSUM bank per partition
+VT = FMAX          # vocabulary columns per tile: one fp32 PSUM bank per partition
 NEG = -1.0e30      # logit of a padding column: e^(NEG - m) is exactly 0
 
 def _vocab_tiles(V, vocab_size):
@@ -28,7 +28,7 @@ def _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap):
     Returns (zeta, th): the softcapped, padding-masked logits and tanh(z/c) (None without a softcap)."""
     _, KD, vt = wT_t.shape
     ps = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.psum)
-    for k in nl.sequential_range(KD):   # accumulate the d/128 partial products in one PSUM bank
+    for k in range(KD):   # accumulate the d/128 partial products in one PSUM bank
         nisa.nc_matmul(dst=ps, stationary=hT_blk[:, k, j * P:(j + 1) * P], moving=wT_t[:, k, :])
     z = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
     th = None
@@ -51,27 +51,28 @@ def _load_w_tile(w, v0, vt):
     d = w.shape[1]
     KD, nc = d // P, vt // P
     w_t = nl.ndarray((P, nc, d), dtype=w.dtype, buffer=nl.sbuf)
-    for c in nl.affine_range(nc):   # HBM→SBUF: 128 rows of W each, vocabulary on partitions
+    for c in range(nc):   # HBM→SBUF: 128 rows of W each, vocabulary on partitions
         nisa.dma_copy(dst=w_t[:, c, :], src=w[v0 + c * P:v0 + (c + 1) * P, :])
     wT_t = nl.ndarray((P, KD, vt), dtype=w.dtype, buffer=nl.sbuf)
-    for k in nl.affine_range(KD):
+    for k in range(KD):
         tp = nl.ndarray((P, vt), dtype=w.dtype, buffer=nl.psum)
-        for c in nl.affine_range(nc):   # 128x128 pieces: [128 vocab, 128 of d] -> [128 of d, 128 vocab]
+        for c in range(nc):   # 128x128 pieces: [128 vocab, 128 of d] -> [128 of d, 128 vocab]
             nisa.nc_transpose(dst=tp[:, c * P:(c + 1) * P], data=w_t[:, c, k * P:(k + 1) * P])
         nisa.tensor_copy(dst=wT_t[:, k, :], src=tp)                           # PSUM→SBUF
     return w_t, wT_t
 
-def _load_h_block(h, t0, nt, keep_h):
-    """HBM→SBUF: token tiles t0..t0+nt-1 of h [N, d], transposed on the TensorEngine into hT_blk [128 (d), d/128, nt*128].
-    With keep_h also returns the tiles as h_blk [128 (tokens), nt, d] (else None)."""
+def _load_h_block(h, t0, nt, hT_buf, h_buf=None):
+    """HBM→SBUF: token tiles t0..t0+nt-1 of h [N, d], transposed on the TensorEngine into the block buffer hT_buf
+    [128 (d), d/128, ≥nt*128]; with h_buf [128 (tokens), ≥nt, d] also the tiles themselves. Returns the views in use,
+    (hT_blk, h_blk) (h_blk None without h_buf). The buffers are allocated once per kernel and reused by every block."""
     d = h.shape[1]
     KD = d // P
-    hT_blk = nl.ndarray((P, KD, nt * P), dtype=h.dtype, buffer=nl.sbuf)
-    h_blk = nl.ndarray((P, nt, d), dtype=h.dtype, buffer=nl.sbuf) if keep_h else None
-    for j in nl.affine_range(nt):
-        h_t = h_blk[:, j, :] if keep_h else nl.ndarray((P, d), dtype=h.dtype, buffer=nl.sbuf)
+    hT_blk = hT_buf[:, :, :nt * P]
+    h_blk = None if h_buf is None else h_buf[:, :nt, :]
+    for j in range(nt):
+        h_t = nl.ndarray((P, d), dtype=h.dtype, buffer=nl.sbuf) if h_blk is None else h_blk[:, j, :]
         nisa.dma_copy(dst=h_t, src=h[(t0 + j) * P:(t0 + j + 1) * P, :])      # HBM→SBUF: 128 tokens on partitions
-        for k in nl.affine_range(KD):
+        for k in range(KD):
             tp = nl.ndarray((P, P), dtype=h.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=tp, data=h_t[:, k * P:(k + 1) * P])
             nisa.tensor_copy(dst=hT_blk[:, k, j * P:(j + 1) * P], src=tp)   # PSUM→SBUF
@@ -79,7 +80,7 @@ def _load_h_block(h, t0, nt, keep_h):
 
 def _load_columns(dst, src, t0, nt):
     "HBM→SBUF: per-token values src [N, 1] of tiles t0..t0+nt-1 into dst [128, nt] (column j = tile t0+j)."
-    for j in nl.affine_range(nt):
+    for j in range(nt):
         nisa.dma_copy(dst=dst[:, j:j + 1], src=src[(t0 + j) * P:(t0 + j + 1) * P, :])
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #847cb1b6
@@ -89,6 +90,7 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
 
     h [N, d] and w [V, d] (nn.Linear layout), both fp32 or both bf16; targets [N, 1] int32 (< 0: ignored);
     vocab_size: real columns (<= V; the rest are padding); softcap: c (0: none); block_tiles: 128-token tiles per block.
+    Launch as `cross_entropy_fwd_kernel[lnc]`: with 2 logical cores each takes its share of the token blocks.
     Returns loss [N, 1] fp32 (lse - target logit, 0 where ignored) and lse [N, 1] fp32 (log-sum-exp of each row)."""
     N, d = h.shape
     V, d2 = w.shape
@@ -100,17 +102,16 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
     tiles = _vocab_tiles(V, vocab_size)
     loss = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
-    for b in nl.static_range(-(-n_tiles // block_tiles)):
+    bt = min(block_tiles, n_tiles)   # block buffers, allocated once and reused by every block (the last may use fewer tiles)
+    hT_buf = nl.ndarray((P, KD, bt * P), dtype=h.dtype, buffer=nl.sbuf)
+    col_bufs = [nl.ndarray((P, bt), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)]
+    for b in core_range(-(-n_tiles // block_tiles), nl.program_id(0), nl.num_programs()):   # this core's token blocks
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
-        hT_blk, _ = _load_h_block(h, t0, nt, keep_h=False)              # HBM→SBUF: the block's h, kept as hᵀ
-        tgt_i = nl.ndarray((P, nt), dtype=nl.int32, buffer=nl.sbuf)
+        hT_blk, _ = _load_h_block(h, t0, nt, hT_buf)                    # HBM→SBUF: the block's h, kept as hᵀ
+        tgt_i, tgt, run_max, run_sum, tgt_logit = (c[:, :nt] for c in col_bufs)
         _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets
-        tgt = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=tgt, src=tgt_i)
-        run_max = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
-        run_sum = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
-        tgt_logit = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=run_max, value=NEG)
         nisa.memset(dst=run_sum, value=0.0)
         nisa.memset(dst=tgt_logit, value=0.0)
@@ -118,7 +119,7 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
             _, wT_t = _load_w_tile(w, v0, vt)                           # HBM→SBUF: the W tile, once per block
             cols = nl.ndarray((P, vt), dtype=nl.int32, buffer=nl.sbuf)
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)   # vocabulary index of each column
-            for j in nl.affine_range(nt):
+            for j in range(nt):
                 z, _ = _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap)
                 m_old, s_old = run_max[:, j:j + 1], run_sum[:, j:j + 1]
                 tmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -140,7 +141,7 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
                 zt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_reduce(dst=zt, op=nl.add, data=hit, axis=1, keepdims=True)
                 nisa.tensor_tensor(dst=tgt_logit[:, j:j + 1], data1=tgt_logit[:, j:j + 1], data2=zt, op=nl.add)
-        for j in nl.affine_range(nt):
+        for j in range(nt):
             lse_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)        # lse = m + log s
             nisa.activation(dst=lse_t, op=nl.log, data=run_sum[:, j:j + 1])
             nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=run_max[:, j:j + 1], op=nl.add)
@@ -156,7 +157,7 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #357decf5
 def _d_pieces(d):
     "Static (start, width) pieces of d of at most 512 columns (the TensorEngine's moving free size)."
-    return [(d0, min(512, d - d0)) for d0 in range(0, d, 512)]
+    return [(d0, min(FMAX, d - d0)) for d0 in range(0, d, FMAX)]
 
 @nki.jit
 def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles):
@@ -164,7 +165,9 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
 
     h [N, d] and w [V, d] (both fp32 or both bf16); targets [N, 1] int32; lse [N, 1] fp32 from the
     forward kernel; g [N, 1] fp32 (dL/dloss_i, 0 where ignored); vocab_size, softcap, block_tiles as in the forward.
-    Returns dh [N, d] fp32 and dw [V, d] fp32 (rows >= vocab_size are 0)."""
+    Launch as `cross_entropy_bwd_kernel[lnc]`: each logical core takes its share of the token blocks.
+    Returns dh [N, d] fp32 and dw [lnc, V, d] fp32: dw[c] is the gradient from core c's tokens (rows >= vocab_size
+    are 0); the caller adds them."""
     N, d = h.shape
     V, d2 = w.shape
     assert d == d2, f'h {h.shape} and w {w.shape} must share d'
@@ -173,23 +176,27 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
     assert V % P == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {P} and hold vocab_size={vocab_size}'
     KD, n_tiles = d // P, N // P
     tiles, pieces = _vocab_tiles(V, vocab_size), _d_pieces(d)
+    core, cores = nl.program_id(0), nl.num_programs()
     dh = nl.ndarray((N, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    dw = nl.ndarray((V, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    for b in nl.static_range(-(-n_tiles // block_tiles)):
+    dw_all = nl.ndarray((cores, V, d), dtype=nl.float32, buffer=nl.shared_hbm)
+    dw = dw_all[core]                                                   # this core's [V, d] share of dW
+    blocks = core_range(-(-n_tiles // block_tiles), core, cores)        # this core's token blocks
+    bt = min(block_tiles, n_tiles)   # block buffers, allocated once and reused by every block (the last may use fewer tiles)
+    hT_buf = nl.ndarray((P, KD, bt * P), dtype=h.dtype, buffer=nl.sbuf)
+    h_buf = nl.ndarray((P, bt, d), dtype=h.dtype, buffer=nl.sbuf)
+    dh_buf = nl.ndarray((P, bt, d), dtype=nl.float32, buffer=nl.sbuf)
+    col_bufs = [nl.ndarray((P, bt), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)]
+    for b in blocks:
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
-        hT_blk, h_blk = _load_h_block(h, t0, nt, keep_h=True)       # HBM→SBUF: h (for dW) and hᵀ (for the logits)
-        tgt_i = nl.ndarray((P, nt), dtype=nl.int32, buffer=nl.sbuf)
-        lse_b = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
-        g_b = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
+        hT_blk, h_blk = _load_h_block(h, t0, nt, hT_buf, h_buf)        # HBM→SBUF: h (for dW) and hᵀ (for the logits)
+        tgt_i, lse_b, g_b, tgt, neg_lse = (c[:, :nt] for c in col_bufs)
         _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets, lse, g
         _load_columns(lse_b, lse, t0, nt)
         _load_columns(g_b, g, t0, nt)
-        tgt = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=tgt, src=tgt_i)
-        neg_lse = nl.ndarray((P, nt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=neg_lse, data=lse_b, op0=nl.multiply, operand0=-1.0)
-        dh_acc = nl.ndarray((P, nt, d), dtype=nl.float32, buffer=nl.sbuf)
+        dh_acc = dh_buf[:, :nt, :]
         nisa.memset(dst=dh_acc, value=0.0)
         for v0, vt in tiles:
             nc = vt // P
@@ -198,7 +205,7 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)
             dw_acc = nl.ndarray((P, nc, d), dtype=nl.float32, buffer=nl.sbuf)   # this block's share of the dW tile
             nisa.memset(dst=dw_acc, value=0.0)
-            for j in nl.sequential_range(nt):   # sequential: every token tile adds into dw_acc
+            for j in range(nt):   # every token tile adds into dw_acc
                 z, th = _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap)
                 prob = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)     # p = e^(zeta - lse)
                 nisa.activation(dst=prob, op=nl.exp, data=z, bias=neg_lse[:, j:j + 1])
@@ -214,54 +221,53 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
                 dl = nl.ndarray((P, vt), dtype=w.dtype, buffer=nl.sbuf)          # matmul operand dtype
                 nisa.tensor_copy(dst=dl, src=delta)
                 dlT_ps = nl.ndarray((P, nc, P), dtype=w.dtype, buffer=nl.psum)   # δᵀ, vocabulary on partitions
-                for c in nl.affine_range(nc):
+                for c in range(nc):
                     nisa.nc_transpose(dst=dlT_ps[:, c, :], data=dl[:, c * P:(c + 1) * P])
                 dlT = nl.ndarray((P, nc, P), dtype=w.dtype, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dlT, src=dlT_ps)                            # PSUM→SBUF
                 for d0, dn in pieces:
                     dh_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δ W_tile: contract over vocabulary
-                    for c in nl.sequential_range(nc):
+                    for c in range(nc):
                         nisa.nc_matmul(dst=dh_ps, stationary=dlT[:, c, :], moving=w_t[:, c, d0:d0 + dn])
                     # PSUM→SBUF: added into the block's dh accumulator
                     nisa.tensor_tensor(dst=dh_acc[:, j, d0:d0 + dn], data1=dh_acc[:, j, d0:d0 + dn], data2=dh_ps, op=nl.add)
-                    for c in nl.affine_range(nc):
+                    for c in range(nc):
                         dw_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δᵀ h: contract over tokens
                         nisa.nc_matmul(dst=dw_ps, stationary=dl[:, c * P:(c + 1) * P], moving=h_blk[:, j, d0:d0 + dn])
                         # PSUM→SBUF: added into the block's share of the dW tile
                         nisa.tensor_tensor(dst=dw_acc[:, c, d0:d0 + dn], data1=dw_acc[:, c, d0:d0 + dn], data2=dw_ps, op=nl.add)
-            for c in nl.affine_range(nc):
+            for c in range(nc):
                 rows = dw[v0 + c * P:v0 + (c + 1) * P, :]
-                if b == 0:
-                    nisa.dma_copy(dst=rows, src=dw_acc[:, c, :])                 # SBUF→HBM: first block writes
-                else:
-                    old = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=old, src=rows)                             # HBM→SBUF: earlier blocks' sum
-                    nisa.tensor_tensor(dst=old, data1=old, data2=dw_acc[:, c, :], op=nl.add)
-                    nisa.dma_copy(dst=rows, src=old)                             # SBUF→HBM
-        for j in nl.affine_range(nt):   # SBUF→HBM: dh of the block, written once
+                if b == blocks[0]:
+                    nisa.dma_copy(dst=rows, src=dw_acc[:, c, :])                 # SBUF→HBM: the core's first block writes
+                else:                                                            # later ones: HBM += SBUF in the DMA engines
+                    nisa.dma_compute(dst=rows, srcs=[dw_acc[:, c, :], rows], reduce_op=nl.add)
+        for j in range(nt):   # SBUF→HBM: dh of the block, written once
             nisa.dma_copy(dst=dh[(t0 + j) * P:(t0 + j + 1) * P, :], src=dh_acc[:, j, :])
-    done = tiles[-1][0] + tiles[-1][1]
-    if done < V:   # padding rows past the last real tile: dW is zero there
+    done = tiles[-1][0] + tiles[-1][1] if len(blocks) else 0
+    if done < V:   # padding rows past the last real tile (all rows on a core without tokens): dW is zero there
         zero = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=zero, value=0.0)
-        for r in nl.affine_range((V - done) // P):
+        for r in range((V - done) // P):
             nisa.dma_copy(dst=dw[done + r * P:done + (r + 1) * P, :], src=zero)   # SBUF→HBM
-    return dh, dw
+    return dh, dw_all
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f8fadb96
 SBUF_BLOCK_BUDGET = 160 * 1024   # bytes per partition the buffers may take (the simulator's SBUF budget is 192 KiB)
 
-def _block_tiles(N, d, itemsize, backward=True):
-    "128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET."
+def _block_tiles(N, d, itemsize, backward=True, lnc=1):
+    """128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET,
+    and every one of `lnc` logical cores gets a block."""
     if backward:   # per token tile: hᵀ, h, fp32 dh; fixed: W tile, Wᵀ tile, fp32 dW share, work tiles
         per_tile, fixed = d * (2 * itemsize + 4), d * (VT // P) * (itemsize + 4) + d // P * VT * itemsize + 16 * VT * 4
     else:          # per token tile: hᵀ and four running values; fixed: W tile, Wᵀ tile, one h tile, work tiles
         per_tile, fixed = d * itemsize + 16, 2 * d * (VT // P) * itemsize + d * itemsize + 16 * VT * 4
-    return max(1, min(-(-N // P), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
+    return max(1, min(-(-N // (P * lnc)), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
 
-def _check(h, w_head, targets, vocab_size):
-    "Raise a ValueError naming the op, the shape and the rule it breaks; return (N, d, V, vocab_size)."
-    op = "ops.cross_entropy (NKI kernels)"
+def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, backend="nki-sim"):
+    "Raise a ValueError naming the op, the shape and the rule the kernels cannot take; return (N, d, V, vocab_size)."
+    op = f"ops.cross_entropy ({backend})"
+    if reduction not in ("mean", "sum", "none"): raise ValueError(f"{op}: unknown reduction {reduction!r}; use mean, sum or none")
     if h.ndim != 2 or w_head.ndim != 2: raise ValueError(f"{op}: h {tuple(h.shape)} must be [N, d] and w_head {tuple(w_head.shape)} [V_padded, d]")
     (N, d), (V, d2) = h.shape, w_head.shape
     if d != d2: raise ValueError(f"{op}: h {tuple(h.shape)} and w_head {tuple(w_head.shape)} disagree on d")
@@ -286,87 +292,95 @@ def _prepare(h, w_head, targets):
 def _reduce(nll, targets, reduction):
     if reduction == "none": return nll
     if reduction == "sum": return nll.sum()
-    if reduction == "mean": return nll.sum() / (targets >= 0).sum().clamp_min(1)
-    raise ValueError(f"ops.cross_entropy: unknown reduction {reduction!r}; use mean, sum or none")
+    return nll.sum() / (targets >= 0).sum().clamp_min(1)   # mean over the counted tokens
 
 class CrossEntropySim(torch.autograd.Function):
     "Per-token cross-entropy whose forward and backward run the NKI kernels in the CPU simulator."
     @staticmethod
     def forward(ctx, h, w_head, targets, softcap, vocab_size, block_tiles):
-        N, d, V, vs = _check(h, w_head, targets, vocab_size)
+        N, d, V, vs = check_args(h, w_head, targets, softcap, vocab_size=vocab_size)
         hp, w, tp = _prepare(h, w_head, targets)
-        bt_f = block_tiles or _block_tiles(N, d, hp.element_size(), backward=False)
-        bt_b = block_tiles or _block_tiles(N, d, hp.element_size(), backward=True)
+        lnc = logical_cores()
+        bt_f = block_tiles or _block_tiles(N, d, hp.element_size(), backward=False, lnc=lnc)
+        bt_b = block_tiles or _block_tiles(N, d, hp.element_size(), backward=True, lnc=lnc)
         c = float(softcap or 0.0)
-        loss, lse = simulate(cross_entropy_fwd_kernel)(hp, w, tp, vs, c, bt_f)
+        loss, lse = simulate(cross_entropy_fwd_kernel[lnc])(hp, w, tp, vs, c, bt_f)
         ctx.save_for_backward(hp, w, tp, lse)
-        ctx.meta = (N, vs, c, bt_b, h.dtype, w_head.dtype)
+        ctx.meta = (N, vs, c, bt_b, lnc, h.dtype, w_head.dtype)
         return loss[:N, 0]
 
     @staticmethod
     def backward(ctx, grad_nll):
         hp, w, tp, lse = ctx.saved_tensors
-        N, vs, c, bt, hdt, wdt = ctx.meta
+        N, vs, c, bt, lnc, hdt, wdt = ctx.meta
         g = torch.zeros(hp.shape[0], 1, dtype=torch.float32)
         g[:N, 0] = grad_nll.float() * (tp[:N, 0] >= 0)
-        dh, dw = simulate(cross_entropy_bwd_kernel)(hp, w, tp, lse, g, vs, c, bt)
-        return dh[:N].to(hdt), dw.to(wdt), None, None, None, None
+        dh, dw = simulate(cross_entropy_bwd_kernel[lnc])(hp, w, tp, lse, g, vs, c, bt)
+        return dh[:N].to(hdt), dw.sum(0).to(wdt), None, None, None, None
 
 @ops.register("cross_entropy", "nki-sim")
 def cross_entropy_nki_sim(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
     "The `cross_entropy` op on the NKI kernels in the CPU simulator (torch reference's signature and semantics)."
-    if reduction not in ("mean", "sum", "none"): _reduce(None, None, reduction)
+    check_args(h, w_head, targets, softcap, reduction, vocab_size)
     return _reduce(CrossEntropySim.apply(h, w_head, targets, softcap, vocab_size, None), targets, reduction)
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #fbab6659
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #14e9470d
-def hbm_bytes(N, d, V, vocab_size=None, itemsize=4, block_tiles=None):
-    "HBM bytes {'fwd': (read, written), 'bwd': (read, written)} the two kernels move for padded N (a multiple of 128)."
+def hbm_traffic(N, d, V, vocab_size=None, itemsize=4, block_tiles=None, lnc=1) -> dict:
+    "HBM bytes {'fwd'|'bwd': {'read', 'written'}} the two kernels move for padded N (a multiple of 128) on lnc cores."
     vs = V if vocab_size is None else vocab_size
-    blocks = lambda bwd: -(-(N // P) // (block_tiles or _block_tiles(N, d, itemsize, bwd)))
+    blocks = lambda bwd: -(-(N // P) // (block_tiles or _block_tiles(N, d, itemsize, bwd, lnc)))
     Bf, B, Vc, b = blocks(False), blocks(True), min(-(-vs // VT) * VT, V), itemsize
-    return dict(fwd=(N * d * b + Bf * Vc * d * b + 4 * N, 8 * N),
-                bwd=(N * d * b + B * Vc * d * b + 12 * N + (B - 1) * Vc * d * 4, 4 * N * d + 4 * B * Vc * d + 4 * (V - Vc) * d))
+    per_core = [len(core_range(B, c, lnc)) for c in range(lnc)]                  # token blocks of each core
+    rmw = sum(max(n - 1, 0) for n in per_core) * Vc * d * 4                      # dW read back by dma_compute
+    zeros = sum(4 * (V - Vc) * d if n else 4 * V * d for n in per_core)          # zero rows (all of them on an idle core)
+    return dict(fwd=dict(read=N * d * b + Bf * Vc * d * b + 4 * N, written=8 * N),
+                bwd=dict(read=N * d * b + B * Vc * d * b + 12 * N + rmw, written=4 * N * d + 4 * B * Vc * d + zeros))
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ea6f6316
-def _register_nki(tnx):
-    "Register the kernels as torch custom ops with autograd and as the `nki` backend of `cross_entropy`."
+def _register_nki(tnx=None) -> bool:
+    """Register the kernels as torch custom ops with autograd (`tnx.nki_op`, default the real `torch_neuronx`) and as
+    the `nki` backend of `cross_entropy`; False when torch_neuronx is unavailable."""
+    tnx = tnx or ops.torch_neuronx_module()
+    if tnx is None: return False
     nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::cross_entropy_nll", mutates_args={})
     def ce_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
                vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles)
+        return cross_entropy_fwd_kernel[logical_cores()](h, w, targets, vocab_size, softcap, block_tiles)
 
     @nki_op("neuronfrontier::cross_entropy_grad", mutates_args={})
     def ce_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
                 vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles)
+        return cross_entropy_bwd_kernel[logical_cores()](h, w, targets, lse, g, vocab_size, softcap, block_tiles)
 
     def setup_context(ctx, inputs, output):
         h, w, targets, vocab_size, softcap, block_tiles = inputs
         ctx.save_for_backward(h, w, targets, output[1])
-        ctx.meta = (vocab_size, softcap, _block_tiles(h.shape[0], h.shape[1], h.element_size()))   # the backward's block
+        ctx.meta = (vocab_size, softcap, _block_tiles(h.shape[0], h.shape[1], h.element_size(), lnc=logical_cores()))
 
     def backward(ctx, grad_loss, grad_lse):
         h, w, targets, lse = ctx.saved_tensors
         g = (grad_loss.float() * (targets >= 0)).contiguous()
         dh, dw = ce_grad(h, w, targets, lse, g, *ctx.meta)
-        return dh, dw, None, None, None, None
+        return dh, dw.sum(0), None, None, None, None
 
     ce_nll.register_autograd(backward, setup_context=setup_context)
 
     @ops.register("cross_entropy", "nki")
     def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
-        N, d, V, vs = _check(h, w_head, targets, vocab_size)
+        N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, "nki")
         dt = h.dtype if h.dtype == w_head.dtype and h.dtype in (torch.float32, torch.bfloat16) else torch.float32
         Np = -(-N // P) * P
         hp = torch.nn.functional.pad(h.to(dt), (0, 0, 0, Np - N))                       # differentiable padding
         tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
         w = w_head.to(dt)
         loss, _ = ce_nll(hp, w, tp, vs, float(softcap or 0.0),
-                         _block_tiles(N, d, hp.element_size(), backward=False))
+                         _block_tiles(N, d, hp.element_size(), backward=False, lnc=logical_cores()))
         return _reduce(loss[:N, 0], targets, reduction)
-    return cross_entropy_nki
+    return True
 
-_tnx = ops.torch_neuronx_module()
-if _tnx is not None: _register_nki(_tnx)
+NKI_REGISTERED = _register_nki()

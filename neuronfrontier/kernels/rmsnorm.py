@@ -7,15 +7,14 @@ from __future__ import annotations
 import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
+from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..sim import nki, nl, nisa, simulate, REAL_NKI
 
 # %% auto #0
-__all__ = ['P', 'FMAX', 'MAX_D', 'NKI_REGISTERED', 'rel_err', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_shape',
-           'RMSNormSim', 'rms_norm_nki_sim', 'compare_backends', 'traffic']
+__all__ = ['MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_args', 'RMSNormSim',
+           'rms_norm_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #a1545d6e
-P = 128          # partitions: rows per tile
-FMAX = 512       # free size of one matmul moving operand / one fp32 PSUM bank
 MAX_D = 3072     # backward: one PSUM bank per 512 columns of dweight, at most 6
 
 def _w_broadcast(w, d):
@@ -25,7 +24,7 @@ def _w_broadcast(w, d):
     ones = nl.ndarray((1, P), dtype=w.dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     w_bc = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.static_range((d + FMAX - 1) // FMAX):
+    for j in range((d + FMAX - 1) // FMAX):
         c0 = j * FMAX; cw = min(FMAX, d - c0)
         bc = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=bc, stationary=ones, moving=w_row[:, c0:c0 + cw])   # onesᵀ[128,1] @ w[1,cw]
@@ -35,15 +34,16 @@ def _w_broadcast(w, d):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #3fae4a70
 @nki.jit
 def rmsnorm_fwd_kernel(x, w, eps):
-    """RMSNorm forward. x [N, d] (bf16 or fp32), w [1, d], eps a float.
+    """RMSNorm forward. x [N, d] (bf16 or fp32), w [1, d], eps a float; launch as `rmsnorm_fwd_kernel[lnc]`.
     Returns y [N, d] in x's dtype and rstd [N, 1] fp32 (1/sqrt(mean(x²) + eps), saved for the backward).
-    Rows are tiled by 128 on the partition axis; a last partial tile is allowed."""
+    Rows are tiled by 128 on the partition axis (a last partial tile is allowed); with 2 logical cores each takes
+    half of the row tiles."""
     N, d = x.shape
     assert tuple(w.shape) == (1, d), f"weight must be [1, {d}], got {tuple(w.shape)}"
     y = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_bc = _w_broadcast(w, d)
-    for i in nl.static_range((N + P - 1) // P):
+    for i in core_range((N + P - 1) // P, nl.program_id(0), nl.num_programs()):   # this core's row tiles
         r0 = i * P; p = min(P, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                        # HBM → SBUF: 128 rows of x
@@ -54,7 +54,7 @@ def rmsnorm_fwd_kernel(x, w, eps):
         ms = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=ms, data=ss, op0=nl.multiply, operand0=1.0 / d, op1=nl.add, operand1=eps)
         r = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r, op=nl.rsqrt, data=ms)
+        nisa.tensor_scalar(dst=r, data=ms, op0=nl.rsqrt, operand0=0.0, engine=nisa.engine.gpsimd)   # the precise rsqrt
         y_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.scalar_tensor_tensor(dst=y_t, data=x_t, op0=nl.multiply, operand0=r,
                                   op1=nl.multiply, operand1=w_bc[:p, :])   # (x · r) · w, fp32 inside
@@ -65,8 +65,10 @@ def rmsnorm_fwd_kernel(x, w, eps):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #80c15803
 @nki.jit
 def rmsnorm_bwd_kernel(x, w, rstd, g):
-    """RMSNorm backward. x [N, d], w [1, d], rstd [N, 1] fp32 (from the forward), g = dL/dy [N, d].
-    Returns dx [N, d] in x's dtype and dw [1, d] fp32 (summed over all rows in PSUM). Needs d <= 3072."""
+    """RMSNorm backward. x [N, d], w [1, d], rstd [N, 1] fp32 (from the forward), g = dL/dy [N, d]; launch as
+    `rmsnorm_bwd_kernel[lnc]` (each logical core takes its share of the row tiles).
+    Returns dx [N, d] in x's dtype and dw [lnc, d] fp32: row c is the sum over core c's rows (accumulated in PSUM);
+    the caller adds the rows. Needs d <= 3072."""
     N, d = x.shape
     assert tuple(w.shape) == (1, d), f"weight must be [1, {d}], got {tuple(w.shape)}"
     assert tuple(g.shape) == (N, d), f"g must be [{N}, {d}] like x, got {tuple(g.shape)}"
@@ -74,13 +76,15 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
     n_chunks = (d + FMAX - 1) // FMAX
     assert n_chunks <= MAX_D // FMAX, f"d={d}: dweight needs one PSUM bank per {FMAX} columns, at most {MAX_D // FMAX}"
     dx = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
-    dw = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.shared_hbm)
+    core, cores = nl.program_id(0), nl.num_programs()
+    dw = nl.ndarray((cores, d), dtype=nl.float32, buffer=nl.shared_hbm)
     w_bc = _w_broadcast(w, d)
     ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     # dweight accumulators: [1, ≤512] fp32 per chunk, accumulated over all row tiles by the TensorEngine
     dw_ps = [nl.ndarray((1, min(FMAX, d - j * FMAX)), dtype=nl.float32, buffer=nl.psum) for j in range(n_chunks)]
-    for i in nl.static_range((N + P - 1) // P):
+    tiles = core_range((N + P - 1) // P, core, cores)                      # this core's row tiles
+    for i in tiles:
         r0 = i * P; p = min(P, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                        # HBM → SBUF: x rows
@@ -107,29 +111,32 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
         gx = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=gx, data1=g_t, data2=xh, op=nl.multiply,
                            engine=nisa.engine.gpsimd)                      # g ⊙ x̂ (GpSimd, off the VectorE)
-        for j in nl.static_range(n_chunks):
+        for j in range(n_chunks):
             c0 = j * FMAX; cw = min(FMAX, d - c0)
             nisa.nc_matmul(dst=dw_ps[j], stationary=ones[:p, :], moving=gx[:, c0:c0 + cw])  # Σ_rows, += over tiles
     dw_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.static_range(n_chunks):
-        c0 = j * FMAX; cw = min(FMAX, d - c0)
-        nisa.tensor_copy(dst=dw_sb[:, c0:c0 + cw], src=dw_ps[j])          # PSUM → SBUF
-    nisa.dma_copy(dst=dw, src=dw_sb)                                       # SBUF → HBM: dweight, once
+    if len(tiles) == 0: nisa.memset(dst=dw_sb, value=0.0)                  # a core without rows adds nothing
+    else:
+        for j in range(n_chunks):
+            c0 = j * FMAX; cw = min(FMAX, d - c0)
+            nisa.tensor_copy(dst=dw_sb[:, c0:c0 + cw], src=dw_ps[j])      # PSUM → SBUF
+    nisa.dma_copy(dst=dw[core:core + 1, :], src=dw_sb)                     # SBUF → HBM: this core's dweight, once
     return dx, dw
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #89ff1066
-def check_shape(x: torch.Tensor, weight: torch.Tensor):
-    "Raise a ValueError if `rms_norm(x, weight)` breaks a tile rule of the kernels."
+def check_args(x, weight, eps=1e-6, backend="nki-sim"):
+    "Raise a ValueError naming the op, the shape and the rule if `rms_norm(x, weight, eps)` breaks a rule of the kernels."
+    where = f"ops.rms_norm ({backend})"
     d = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"rms_norm: x of shape {tuple(x.shape)} has no rows to normalise")
+        raise ValueError(f"{where}: x of shape {tuple(x.shape)} has no rows to normalise")
     if tuple(weight.shape) != (d,):
-        raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} must be ({d},) for x of shape {tuple(x.shape)}")
+        raise ValueError(f"{where}: weight shape {tuple(weight.shape)} must be ({d},) for x of shape {tuple(x.shape)}")
     if d > MAX_D:
-        raise ValueError(f"rms_norm: x of shape {tuple(x.shape)} has d={d} > {MAX_D}: the backward keeps dweight in "
+        raise ValueError(f"{where}: x of shape {tuple(x.shape)} has d={d} > {MAX_D}: the backward keeps dweight in "
                          f"PSUM, one 2 KiB bank per {FMAX} columns, at most {MAX_D // FMAX} banks")
     if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"rms_norm: dtypes {x.dtype}/{weight.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16")
+        raise ValueError(f"{where}: dtypes {x.dtype}/{weight.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16")
 
 class RMSNormSim(torch.autograd.Function):
     "ops.rms_norm through the simulated NKI kernels: forward and backward."
@@ -137,7 +144,7 @@ class RMSNormSim(torch.autograd.Function):
     def forward(ctx, x, weight, eps):
         d = x.shape[-1]
         x2 = x.detach().reshape(-1, d).contiguous()
-        y, rstd = simulate(rmsnorm_fwd_kernel)(x2, weight.detach().reshape(1, d).contiguous(), float(eps))
+        y, rstd = simulate(rmsnorm_fwd_kernel[logical_cores()])(x2, weight.detach().reshape(1, d).contiguous(), float(eps))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.x_shape = x.shape
         return y.reshape(x.shape)
@@ -147,28 +154,29 @@ class RMSNormSim(torch.autograd.Function):
         x2, weight, rstd = ctx.saved_tensors
         d = x2.shape[-1]
         g2 = gy.reshape(-1, d).to(x2.dtype).contiguous()
-        dx, dw = simulate(rmsnorm_bwd_kernel)(x2, weight.detach().reshape(1, d).contiguous(), rstd, g2)
-        return dx.reshape(ctx.x_shape), dw.reshape(d).to(weight.dtype), None
+        dx, dw = simulate(rmsnorm_bwd_kernel[logical_cores()])(x2, weight.detach().reshape(1, d).contiguous(), rstd, g2)
+        return dx.reshape(ctx.x_shape), dw.sum(0).to(weight.dtype), None
 
 @ops.register("rms_norm", "nki-sim")
 def rms_norm_nki_sim(x, weight, eps=1e-6):
-    check_shape(x, weight)
+    "x / sqrt(mean(x², -1) + eps) · weight by the NKI kernels in the CPU simulator."
+    check_args(x, weight, eps)
     return RMSNormSim.apply(x, weight, eps)
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #380aa974
-def _register_nki():
-    "Register the `nki` backend through torch_neuronx.nki_op (trn2 only; returns False when unavailable)."
-    tnx = ops.torch_neuronx_module()
+def _register_nki(tnx=None) -> bool:
+    "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
+    tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
     nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::rms_norm_fwd", mutates_args=())
     def _fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return rmsnorm_fwd_kernel(x, w, eps)
+        return rmsnorm_fwd_kernel[logical_cores()](x, w, eps)
 
     @nki_op("neuronfrontier::rms_norm_bwd", mutates_args=())
     def _bwd(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rmsnorm_bwd_kernel(x, w, rstd, g)
+        return rmsnorm_bwd_kernel[logical_cores()](x, w, rstd, g)
 
     def _setup(ctx, inputs, output):
         x, w, _ = inputs
@@ -177,13 +185,13 @@ def _register_nki():
     def _backward(ctx, gy, grstd):
         x, w, rstd = ctx.saved_tensors
         dx, dw = _bwd(x, w, rstd, gy.contiguous())
-        return dx, dw.reshape(w.shape).to(w.dtype), None
+        return dx, dw.sum(0).reshape(w.shape).to(w.dtype), None
 
     _fwd.register_autograd(_backward, setup_context=_setup)
 
     @ops.register("rms_norm", "nki")
     def rms_norm_nki(x, weight, eps=1e-6):
-        check_shape(x, weight)
+        check_args(x, weight, eps, "nki")
         d = x.shape[-1]
         y, _ = _fwd(x.reshape(-1, d).contiguous(), weight.reshape(1, d), float(eps))
         return y.reshape(x.shape)
@@ -192,37 +200,13 @@ def _register_nki():
 NKI_REGISTERED = _register_nki()
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #b7a94ede
-rel_err = ops.rel_err
-
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
-def compare_backends(shape, dtype=torch.float32, eps=1e-6, seed=0, w_dtype=None):
-    "Errors of nki-sim vs torch for rms_norm on x of `shape`: {'y','dx','dw'} → relative error."
-    gen = torch.Generator().manual_seed(seed)
-    d = shape[-1]
-    x0 = torch.randn(*shape, generator=gen).to(dtype)
-    w0 = (1 + 0.1 * torch.randn(d, generator=gen)).to(w_dtype or dtype)
-    g0 = torch.randn(*shape, generator=gen).to(dtype)
-    out = {}
-    for be in ("torch", "nki-sim"):
-        x = x0.clone().requires_grad_(); w = w0.clone().requires_grad_()
-        with ops.use_backend(f"rms_norm={be}"):
-            y = ops.rms_norm(x, w, eps)
-        y.backward(g0)
-        out[be] = (y.detach(), x.grad, w.grad)
-    return {k: rel_err(a, b) for k, a, b in zip(("y", "dx", "dw"), out["nki-sim"], out["torch"])}
-
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #675f7fa9
-def traffic(N, d, dtype=torch.bfloat16, seed=0):
-    "Simulator traces of the forward and backward kernels on [N, d], with compulsory and unfused byte counts."
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, d, generator=gen).to(dtype); w = torch.ones(1, d, dtype=dtype); g = torch.randn(N, d, generator=gen).to(dtype)
-    s = x.element_size()
-    _, rstd = simulate(rmsnorm_fwd_kernel)(x, w, 1e-6); tf = last_trace()
-    simulate(rmsnorm_bwd_kernel)(x, w, rstd, g); tb = last_trace()
-    X, R = N * d * s, N * 4
-    comp_f = X + d * s + X + R                               # read x, w; write y, rstd
-    comp_b = X + d * s + R + X + X + d * 4                   # read x, w, rstd, g; write dx, dw (fp32)
-    unf_f = (X + R) + (R + R) + (X + R + X) + (X + d * s + X)
-    unf_b = (X + d * s + X) + (X + R + X) + (2 * X + R) + (2 * X + 2 * R + X) + (X + X + d * 4)
-    return dict(fwd=dict(trace=tf, compulsory=comp_f, unfused=unf_f), bwd=dict(trace=tb, compulsory=comp_b, unfused=unf_b))
+def hbm_traffic(N, d, itemsize=2, lnc=1) -> dict:
+    "HBM bytes {'fwd'|'bwd': {'compulsory', 'unfused'}} of RMSNorm on [N, d] (`itemsize` bytes per element, lnc cores)."
+    X, R, W = N * d * itemsize, N * 4, d * itemsize
+    return dict(fwd=dict(compulsory=X + lnc * W + X + R,                  # read x, w (once per core); write y, rstd
+                         unfused=(X + R) + (R + R) + (X + R + X) + (X + W + X)),
+                bwd=dict(compulsory=X + lnc * W + R + X + X + lnc * d * 4,  # read x, w, rstd, g; write dx, dw (fp32 per core)
+                         unfused=(X + W + X) + (X + R + X) + (2 * X + R) + (2 * X + 2 * R + X) + (X + X + d * 4)))

@@ -7,16 +7,15 @@ from __future__ import annotations
 import math
 import torch
 from .. import ops
-from ..sim import nki, nl, nisa, simulate, last_trace, REAL_NKI
+from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..sim import nki, nl, nisa, simulate, REAL_NKI
 
 # %% auto #0
-__all__ = ['P', 'FMAX', 'W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'rel_err', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel',
-           'check_shape', 'fwd_block', 'bwd_chunk', 'swiglu_forward_sim', 'swiglu_backward_sim', 'SwiGLUSim',
-           'swiglu_nki_sim', 'compare_backends', 'traffic']
+__all__ = ['W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel', 'check_args', 'fwd_block',
+           'bwd_chunk', 'swiglu_forward_sim', 'swiglu_backward_sim', 'SwiGLUSim', 'swiglu_nki_sim', 'swiglu_inputs',
+           'hbm_traffic']
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #769ce91f
-P = 128                    # partitions; also the TensorEngine contraction / stationary width
-FMAX = 512                 # moving free size = one fp32 PSUM bank
 W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for the resident W_gᵀ and W_uᵀ
 RES_BUDGET = 96 * 1024     # backward: SBUF bytes per partition for resident x, xᵀ and the dx accumulator
 
@@ -26,7 +25,7 @@ def _isz(t):
 
 def _transpose_in(dst, src, n):
     "Kernel helper: dst[:, k, :n] = src[:n, k*128:(k+1)*128]ᵀ for every 128-column chunk k (TensorE, via PSUM)."
-    for k in nl.static_range(dst.shape[1]):
+    for k in range(dst.shape[1]):
         tp = nl.ndarray((P, n), dtype=src.dtype, buffer=nl.psum)
         nisa.nc_transpose(dst=tp, data=src[:n, k * P:(k + 1) * P])          # SBUF → PSUM, transposed
         nisa.tensor_copy(dst=dst[:, k, :n], src=tp)                          # PSUM → SBUF
@@ -34,7 +33,8 @@ def _transpose_in(dst, src, n):
 # %% ../../nbs/13_kernel_swiglu.ipynb #c6cfb963
 @nki.jit
 def swiglu_fwd_kernel(x, w_gate, w_up):
-    """SwiGLU forward. x [N, d], w_gate and w_up [F, d] (nn.Linear layout), all one dtype (bf16 or fp32).
+    """SwiGLU forward. x [N, d], w_gate and w_up [F, d] (nn.Linear layout), all one dtype (bf16 or fp32); launch as
+    `swiglu_fwd_kernel[lnc]` (each logical core takes its share of the token tiles and loads the weights once).
     Returns h [N, F] = silu(x w_gateᵀ) ⊙ (x w_upᵀ) in x's dtype; fp32 accumulation in PSUM.
     d and F multiples of 128; both transposed weights must fit the SBUF budget (2·d·F·itemsize/128 ≤ 128 KiB)."""
     N, d = x.shape
@@ -48,22 +48,22 @@ def swiglu_fwd_kernel(x, w_gate, w_up):
     wgT = nl.ndarray((P, KT, F), dtype=w_gate.dtype, buffer=nl.sbuf)
     wuT = nl.ndarray((P, KT, F), dtype=w_up.dtype, buffer=nl.sbuf)
     for w, wT in ((w_gate, wgT), (w_up, wuT)):
-        for f in nl.static_range(F // P):
+        for f in range(F // P):
             w_t = nl.ndarray((P, d), dtype=w.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=w_t, src=w[f * P:(f + 1) * P, :])             # HBM → SBUF: 128 weight rows, once
             _transpose_in(wT[:, :, f * P:(f + 1) * P], w_t, P)
-    for i in nl.static_range((N + P - 1) // P):
+    for i in core_range((N + P - 1) // P, nl.program_id(0), nl.num_programs()):   # this core's token tiles
         r0 = i * P; p = min(P, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                         # HBM → SBUF: 128 tokens
         xT = nl.ndarray((P, KT, p), dtype=x.dtype, buffer=nl.sbuf)
         _transpose_in(xT, x_t, p)
         h_t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
-        for j in nl.static_range((F + FMAX - 1) // FMAX):
+        for j in range((F + FMAX - 1) // FMAX):
             c0 = j * FMAX; cw = min(FMAX, F - c0)
             a_ps = nl.ndarray((p, cw), dtype=nl.float32, buffer=nl.psum)
             u_ps = nl.ndarray((p, cw), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.static_range(KT):                                    # accumulate over d in PSUM
+            for k in range(KT):                                              # accumulate over d in PSUM
                 nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, :], moving=wgT[:, k, c0:c0 + cw])
                 nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, :], moving=wuT[:, k, c0:c0 + cw])
             s = nl.ndarray((p, cw), dtype=nl.float32, buffer=nl.sbuf)
@@ -75,31 +75,40 @@ def swiglu_fwd_kernel(x, w_gate, w_up):
 # %% ../../nbs/13_kernel_swiglu.ipynb #1d19df97
 @nki.jit
 def swiglu_bwd_kernel(x, w_gate, w_up, dh):
-    """SwiGLU backward. x [N, d], w_gate/w_up [F, d], dh = dL/dh [N, F], all one dtype (bf16 or fp32).
-    Returns dx [N, d] (x's dtype), dw_gate and dw_up [F, d] (fp32). Recomputes a = x w_gateᵀ and u = x w_upᵀ.
-    d and F multiples of 128; x, xᵀ and the fp32 dx accumulator of all N tokens must fit 96 KiB per partition."""
+    """SwiGLU backward. x [N, d], w_gate/w_up [F, d], dh = dL/dh [N, F], all one dtype (bf16 or fp32); launch as
+    `swiglu_bwd_kernel[lnc]` (each logical core takes its share of the token tiles).
+    Returns dx [N, d] (x's dtype), dw_gate and dw_up [lnc, F, d] (fp32): entry c is the gradient from core c's tokens;
+    the caller adds them. Recomputes a = x w_gateᵀ and u = x w_upᵀ. d and F multiples of 128; x, xᵀ and the fp32 dx
+    accumulator of one core's tokens must fit 96 KiB per partition."""
     N, d = x.shape
     F = w_gate.shape[0]
     assert tuple(w_gate.shape) == (F, d) and tuple(w_up.shape) == (F, d), "w_gate and w_up must both be [F, d]"
     assert tuple(dh.shape) == (N, F), f"dh must be [{N}, {F}], got {tuple(dh.shape)}"
     assert d % P == 0 and F % P == 0, f"d={d} and F={F} must be multiples of {P}"
-    KT, NT = d // P, (N + P - 1) // P
-    assert NT * d * (2 * _isz(x) + 4) <= RES_BUDGET, f"{N} tokens at d={d}: resident x, xᵀ, dx exceed {RES_BUDGET} B/partition"
+    core, cores = nl.program_id(0), nl.num_programs()
+    tiles = list(core_range((N + P - 1) // P, core, cores))                 # this core's token tiles
+    KT, nt = d // P, max(1, len(tiles))
+    assert nt * d * (2 * _isz(x) + 4) <= RES_BUDGET, f"{nt} token tiles at d={d}: resident x, xᵀ, dx exceed {RES_BUDGET} B/partition"
     dx = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
-    dwg = nl.ndarray((F, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    dwu = nl.ndarray((F, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    # resident for the whole call: x by token tiles, xᵀ (d on partitions), fp32 accumulator of dx
-    x_nat = nl.ndarray((P, NT, d), dtype=x.dtype, buffer=nl.sbuf)
-    xT = nl.ndarray((P, KT, N), dtype=x.dtype, buffer=nl.sbuf)
-    dx_acc = nl.ndarray((P, NT, d), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.static_range(NT):
+    dwg = nl.ndarray((cores, F, d), dtype=nl.float32, buffer=nl.shared_hbm)
+    dwu = nl.ndarray((cores, F, d), dtype=nl.float32, buffer=nl.shared_hbm)
+    # resident for the whole call: this core's x by token tiles, xᵀ (d on partitions), fp32 accumulator of dx
+    x_nat = nl.ndarray((P, nt, d), dtype=x.dtype, buffer=nl.sbuf)
+    xT = nl.ndarray((P, KT, nt * P), dtype=x.dtype, buffer=nl.sbuf)
+    dx_acc = nl.ndarray((P, nt, d), dtype=nl.float32, buffer=nl.sbuf)
+    for li, i in enumerate(tiles):                                           # li: local tile index on this core
         r0 = i * P; p = min(P, N - r0)
-        nisa.dma_copy(dst=x_nat[:p, i, :], src=x[r0:r0 + p, :])            # HBM → SBUF: x, once
-        _transpose_in(xT[:, :, r0:r0 + p], x_nat[:, i, :], p)
-        nisa.memset(dst=dx_acc[:p, i, :], value=0.0)
+        nisa.dma_copy(dst=x_nat[:p, li, :], src=x[r0:r0 + p, :])           # HBM → SBUF: x, once
+        _transpose_in(xT[:, :, li * P:li * P + p], x_nat[:, li, :], p)
+        nisa.memset(dst=dx_acc[:p, li, :], value=0.0)
     nd = (d + FMAX - 1) // FMAX
-    for f in nl.static_range(F // P):
+    for f in range(F // P):
         f0 = f * P
+        if not tiles:                                                        # no tokens on this core: zero dW rows
+            zero = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=zero, value=0.0)
+            for dw in (dwg, dwu): nisa.dma_copy(dst=dw[core, f0:f0 + P, :], src=zero)   # SBUF → HBM
+            continue
         wg_t = nl.ndarray((P, d), dtype=w_gate.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=wg_t, src=w_gate[f0:f0 + P, :])                   # HBM → SBUF: 128 rows of W_g, once
         wu_t = nl.ndarray((P, d), dtype=w_up.dtype, buffer=nl.sbuf)
@@ -108,94 +117,96 @@ def swiglu_bwd_kernel(x, w_gate, w_up, dh):
         _transpose_in(wgT, wg_t, P)
         wuT = nl.ndarray((P, KT, P), dtype=w_up.dtype, buffer=nl.sbuf)
         _transpose_in(wuT, wu_t, P)
-        da_all = nl.ndarray((P, NT, P), dtype=x.dtype, buffer=nl.sbuf)      # δ_a, δ_u of this F-block, all tokens
-        du_all = nl.ndarray((P, NT, P), dtype=x.dtype, buffer=nl.sbuf)
-        for i in nl.static_range(NT):
+        da_all = nl.ndarray((P, nt, P), dtype=x.dtype, buffer=nl.sbuf)      # δ_a, δ_u of this F-block, this core's tokens
+        du_all = nl.ndarray((P, nt, P), dtype=x.dtype, buffer=nl.sbuf)
+        for li, i in enumerate(tiles):
             r0 = i * P; p = min(P, N - r0)
             dh_t = nl.ndarray((p, P), dtype=dh.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=dh_t, src=dh[r0:r0 + p, f0:f0 + P])           # HBM → SBUF: δ block, once
             a_ps = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.psum)
             u_ps = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.psum)
-            for k in nl.static_range(KT):                                    # recompute a, u (contract over d)
-                nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, r0:r0 + p], moving=wgT[:, k, :])
-                nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, r0:r0 + p], moving=wuT[:, k, :])
+            for k in range(KT):                                              # recompute a, u (contract over d)
+                nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, li * P:li * P + p], moving=wgT[:, k, :])
+                nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, li * P:li * P + p], moving=wuT[:, k, :])
             sa = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=sa, op=nl.silu, data=a_ps)                   # PSUM → SBUF: silu(a)
             dsa = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=dsa, op=nl.silu_dx, data=a_ps)               # PSUM → SBUF: silu'(a)
-            nisa.tensor_tensor(dst=du_all[:p, i, :], data1=dh_t, data2=sa, op=nl.multiply)     # δ_u = δ ⊙ silu(a)
+            nisa.tensor_tensor(dst=du_all[:p, li, :], data1=dh_t, data2=sa, op=nl.multiply)     # δ_u = δ ⊙ silu(a)
             t = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=t, data1=dh_t, data2=u_ps, op=nl.multiply)                  # PSUM → SBUF: δ ⊙ u
-            nisa.tensor_tensor(dst=da_all[:p, i, :], data1=t, data2=dsa, op=nl.multiply)       # δ_a
+            nisa.tensor_tensor(dst=da_all[:p, li, :], data1=t, data2=dsa, op=nl.multiply)      # δ_a
             daT = nl.ndarray((P, 1, p), dtype=x.dtype, buffer=nl.sbuf)
-            _transpose_in(daT, da_all[:, i, :], p)
+            _transpose_in(daT, da_all[:, li, :], p)
             duT = nl.ndarray((P, 1, p), dtype=x.dtype, buffer=nl.sbuf)
-            _transpose_in(duT, du_all[:, i, :], p)
-            for j in nl.static_range(nd):                                    # dx[i] += δ_a W_g[f] + δ_u W_u[f]
+            _transpose_in(duT, du_all[:, li, :], p)
+            for j in range(nd):                                              # dx[i] += δ_a W_g[f] + δ_u W_u[f]
                 c0 = j * FMAX; cw = min(FMAX, d - c0)
                 dx_ps = nl.ndarray((p, cw), dtype=nl.float32, buffer=nl.psum)
                 nisa.nc_matmul(dst=dx_ps, stationary=daT[:, 0, :], moving=wg_t[:, c0:c0 + cw])
                 nisa.nc_matmul(dst=dx_ps, stationary=duT[:, 0, :], moving=wu_t[:, c0:c0 + cw])
-                nisa.tensor_tensor(dst=dx_acc[:p, i, c0:c0 + cw], data1=dx_acc[:p, i, c0:c0 + cw], data2=dx_ps,
+                nisa.tensor_tensor(dst=dx_acc[:p, li, c0:c0 + cw], data1=dx_acc[:p, li, c0:c0 + cw], data2=dx_ps,
                                    op=nl.add)                                # PSUM → SBUF accumulator
-        for j in nl.static_range(nd):                                        # dW[f] = Σ_i δ[i]ᵀ x[i]
+        for j in range(nd):                                                  # dW[f] = Σ_i δ[i]ᵀ x[i]
             c0 = j * FMAX; cw = min(FMAX, d - c0)
             for dall, dw in ((da_all, dwg), (du_all, dwu)):
                 dw_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-                for i in nl.static_range(NT):                                # accumulate over token tiles in PSUM
+                for li, i in enumerate(tiles):                               # accumulate over token tiles in PSUM
                     p = min(P, N - i * P)
-                    nisa.nc_matmul(dst=dw_ps, stationary=dall[:p, i, :], moving=x_nat[:p, i, c0:c0 + cw])
+                    nisa.nc_matmul(dst=dw_ps, stationary=dall[:p, li, :], moving=x_nat[:p, li, c0:c0 + cw])
                 dw_sb = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dw_sb, src=dw_ps)                       # PSUM → SBUF
-                nisa.dma_copy(dst=dw[f0:f0 + P, c0:c0 + cw], src=dw_sb)      # SBUF → HBM: dW block, once
-    for i in nl.static_range(NT):
+                nisa.dma_copy(dst=dw[core, f0:f0 + P, c0:c0 + cw], src=dw_sb)   # SBUF → HBM: dW block, once
+    for li, i in enumerate(tiles):
         r0 = i * P; p = min(P, N - r0)
         dx_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=dx_t, src=dx_acc[:p, i, :])                    # fp32 → x's dtype
+        nisa.tensor_copy(dst=dx_t, src=dx_acc[:p, li, :])                   # fp32 → x's dtype
         nisa.dma_copy(dst=dx[r0:r0 + p, :], src=dx_t)                       # SBUF → HBM: dx, once
     return dx, dwg, dwu
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #7dea0288
-def check_shape(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor):
-    "Raise a ValueError if `swiglu(x, w_gate, w_up)` breaks a tile rule of the kernels."
+def check_args(x, w_gate, w_up, backend="nki-sim"):
+    "Raise a ValueError naming the op, the shape and the rule if `swiglu(x, w_gate, w_up)` breaks a rule of the kernels."
+    where = f"ops.swiglu ({backend})"
     d = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or x.numel() == 0:
-        raise ValueError(f"swiglu: x of shape {tuple(x.shape)} has no tokens")
+        raise ValueError(f"{where}: x of shape {tuple(x.shape)} has no tokens")
     if w_gate.dim() != 2 or w_gate.shape[1] != d or tuple(w_up.shape) != tuple(w_gate.shape):
-        raise ValueError(f"swiglu: w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must both be [d_mlp, {d}] "
+        raise ValueError(f"{where}: w_gate {tuple(w_gate.shape)} and w_up {tuple(w_up.shape)} must both be [d_mlp, {d}] "
                          f"for x of shape {tuple(x.shape)}")
     F_ = w_gate.shape[0]
     if d % P or F_ % P:
-        raise ValueError(f"swiglu: x {tuple(x.shape)}, weights {tuple(w_gate.shape)}: d={d} and d_mlp={F_} must be "
+        raise ValueError(f"{where}: x {tuple(x.shape)}, weights {tuple(w_gate.shape)}: d={d} and d_mlp={F_} must be "
                          f"multiples of {P} (the partition / contraction tile)")
     if x.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"swiglu: dtype {x.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16")
+        raise ValueError(f"{where}: dtype {x.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16")
     if d * (2 * x.element_size() + 4) > RES_BUDGET:
-        raise ValueError(f"swiglu: d={d} (x of shape {tuple(x.shape)}): 128 tokens of resident x, xᵀ and dx "
+        raise ValueError(f"{where}: d={d} (x of shape {tuple(x.shape)}): 128 tokens of resident x, xᵀ and dx "
                          f"exceed the backward's SBUF budget of {RES_BUDGET} B/partition")
 
 def fwd_block(d: int, F_: int, itemsize: int) -> int:
     "Columns of F per forward call: the most (a multiple of 128) whose W_gᵀ, W_uᵀ fit W_BUDGET."
     return min(F_, (W_BUDGET // (2 * (d // P) * itemsize)) // P * P)
 
-def bwd_chunk(d: int, itemsize: int) -> int:
-    "Tokens per backward call: the most (a multiple of 128) whose resident x, xᵀ, dx fit RES_BUDGET."
-    return RES_BUDGET // (d * (2 * itemsize + 4)) * P
+def bwd_chunk(d: int, itemsize: int, lnc: int = 1) -> int:
+    "Tokens per backward call on `lnc` logical cores: the most (128 per tile) whose resident x, xᵀ, dx fit RES_BUDGET on each core."
+    return RES_BUDGET // (d * (2 * itemsize + 4)) * P * lnc
 
 def swiglu_forward_sim(x2, wg, wu):
     "h = swiglu(x2, wg, wu) through the simulated forward kernel, in blocks of F columns if needed."
     fb = fwd_block(x2.shape[1], wg.shape[0], x2.element_size())
-    hs = [simulate(swiglu_fwd_kernel)(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous())
+    hs = [simulate(swiglu_fwd_kernel[logical_cores()])(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous())
           for f0 in range(0, wg.shape[0], fb)]
     return hs[0] if len(hs) == 1 else torch.cat(hs, 1)
 
 def swiglu_backward_sim(x2, wg, wu, dh2):
     "(dx, dw_gate, dw_up) through the simulated backward kernel, in chunks of tokens if needed (fp32 dW summed)."
-    nb = bwd_chunk(x2.shape[1], x2.element_size())
+    lnc = logical_cores()
+    nb = bwd_chunk(x2.shape[1], x2.element_size(), lnc)
     dxs, dwg, dwu = [], 0, 0
     for r0 in range(0, x2.shape[0], nb):
-        dx, g, u = simulate(swiglu_bwd_kernel)(x2[r0:r0 + nb], wg, wu, dh2[r0:r0 + nb].contiguous())
-        dxs.append(dx); dwg = dwg + g; dwu = dwu + u
+        dx, g, u = simulate(swiglu_bwd_kernel[lnc])(x2[r0:r0 + nb], wg, wu, dh2[r0:r0 + nb].contiguous())
+        dxs.append(dx); dwg = dwg + g.sum(0); dwu = dwu + u.sum(0)
     return (dxs[0] if len(dxs) == 1 else torch.cat(dxs)), dwg, dwu
 
 class SwiGLUSim(torch.autograd.Function):
@@ -219,23 +230,24 @@ class SwiGLUSim(torch.autograd.Function):
 
 @ops.register("swiglu", "nki-sim")
 def swiglu_nki_sim(x, w_gate, w_up):
-    check_shape(x, w_gate, w_up)
+    "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ) by the NKI kernels in the CPU simulator."
+    check_args(x, w_gate, w_up)
     return SwiGLUSim.apply(x, w_gate, w_up)
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #ddfb8cc7
-def _register_nki():
-    "Register the `nki` backend through torch_neuronx.nki_op (trn2 only; returns False when unavailable)."
-    tnx = ops.torch_neuronx_module()
+def _register_nki(tnx=None) -> bool:
+    "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
+    tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
     nki_op = tnx.nki_op
 
     @nki_op("neuronfrontier::swiglu_fwd", mutates_args=())
     def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-        return swiglu_fwd_kernel(x, wg, wu)
+        return swiglu_fwd_kernel[logical_cores()](x, wg, wu)
 
     @nki_op("neuronfrontier::swiglu_bwd", mutates_args=())
     def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return swiglu_bwd_kernel(x, wg, wu, dh)
+        return swiglu_bwd_kernel[logical_cores()](x, wg, wu, dh)
 
     def _setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
@@ -243,13 +255,13 @@ def _register_nki():
     def _backward(ctx, gh):
         x, wg, wu = ctx.saved_tensors
         dx, dwg, dwu = _bwd(x, wg, wu, gh.contiguous())
-        return dx, dwg.to(wg.dtype), dwu.to(wu.dtype)
+        return dx, dwg.sum(0).to(wg.dtype), dwu.sum(0).to(wu.dtype)
 
     _fwd.register_autograd(_backward, setup_context=_setup)
 
     @ops.register("swiglu", "nki")
     def swiglu_nki(x, w_gate, w_up):
-        check_shape(x, w_gate, w_up)
+        check_args(x, w_gate, w_up, "nki")
         d = x.shape[-1]
         h = _fwd(x.reshape(-1, d).contiguous(), w_gate.to(x.dtype), w_up.to(x.dtype))
         return h.reshape(*x.shape[:-1], w_gate.shape[0])
@@ -258,36 +270,19 @@ def _register_nki():
 NKI_REGISTERED = _register_nki()
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #12780671
-rel_err = ops.rel_err
+TOL = {torch.float32: 5e-6, torch.bfloat16: 3e-2}
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-
-def compare_backends(n_tokens, d, d_mlp, dtype=torch.float32, seed=0, lead=()):
-    "Errors of nki-sim vs torch for swiglu: {'h','dx','dw_gate','dw_up'} → relative error."
+def swiglu_inputs(n_tokens, d, d_mlp, dtype=torch.float32, seed=0, lead=()):
+    "Seeded x [*lead, n, d] and weights [d_mlp, d] scaled like the model's initialisation (~1/√d), in `dtype`."
     gen = torch.Generator().manual_seed(seed)
-    x0 = torch.randn(*lead, n_tokens, d, generator=gen).to(dtype)
-    wg0 = (torch.randn(d_mlp, d, generator=gen) / d ** 0.5).to(dtype)
-    wu0 = (torch.randn(d_mlp, d, generator=gen) / d ** 0.5).to(dtype)
-    g0 = torch.randn(*lead, n_tokens, d_mlp, generator=gen).to(dtype)
-    out = {}
-    for be in ("torch", "nki-sim"):
-        x, wg, wu = (t.clone().requires_grad_() for t in (x0, wg0, wu0))
-        with ops.use_backend(f"swiglu={be}"):
-            h = ops.swiglu(x, wg, wu)
-        h.backward(g0)
-        out[be] = (h.detach(), x.grad, wg.grad, wu.grad)
-    return {k: rel_err(a, b) for k, a, b in zip(("h", "dx", "dw_gate", "dw_up"), out["nki-sim"], out["torch"])}
+    x = torch.randn(*lead, n_tokens, d, generator=gen).to(dtype)
+    wg, wu = ((torch.randn(d_mlp, d, generator=gen) / d ** 0.5).to(dtype) for _ in range(2))
+    return x, wg, wu
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #01e52a04
-def traffic(N, d, F_, dtype=torch.bfloat16, seed=0):
-    "Simulator traces of one forward and one backward kernel call, with compulsory and unfused byte counts."
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, d, generator=gen).to(dtype)
-    wg, wu = ((torch.randn(F_, d, generator=gen) / d ** 0.5).to(dtype) for _ in range(2))
-    dh = torch.randn(N, F_, generator=gen).to(dtype)
-    s = x.element_size()
-    simulate(swiglu_fwd_kernel)(x, wg, wu); tf = last_trace()
-    simulate(swiglu_bwd_kernel)(x, wg, wu, dh); tb = last_trace()
-    return dict(fwd=dict(trace=tf, compulsory=s * (N * d + 2 * F_ * d + N * F_), unfused=s * (2 * N * d + 2 * F_ * d + 7 * N * F_)),
-                bwd=dict(trace=tb, compulsory=s * (2 * N * d + N * F_ + 2 * F_ * d) + 4 * 2 * F_ * d,
+def hbm_traffic(N, d, F_, itemsize=2, lnc=1) -> dict:
+    "HBM bytes {'fwd'|'bwd': {'compulsory', 'unfused'}} of one SwiGLU call on N tokens (lnc cores each read the weights once)."
+    s, W = itemsize, 2 * F_ * d * itemsize
+    return dict(fwd=dict(compulsory=s * (N * d + N * F_) + lnc * W, unfused=s * (2 * N * d + 7 * N * F_) + W),
+                bwd=dict(compulsory=s * (2 * N * d + N * F_) + lnc * (W + 4 * 2 * F_ * d),
                          unfused=s * (13 * N * F_ + 4 * F_ * d + 7 * N * d)))

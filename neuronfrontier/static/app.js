@@ -192,7 +192,7 @@ async function viewKernels(el) {
   each kernel simulated once. Capacities per partition: SBUF ${kib(k.hw.sbuf_budget_pp)} KiB (the simulator's budget; ${(k.hw.sbuf_budget_bytes / 2 ** 20).toFixed(0)} MiB over ${k.hw.partitions} partitions),
   PSUM ${kib(k.hw.psum_pp)} KiB (${(k.hw.psum_bytes / 2 ** 20).toFixed(0)} MiB).</p>
   <section class="card"><table id="kernels-table"><tr><th>kernel</th><th>shapes</th><th class="num">HBM bytes ${label("measured in the simulator")}</th><th class="num">÷ compulsory</th>
-  <th class="num">peak SBUF KiB/partition</th><th class="num">peak PSUM KiB/partition</th><th class="num">instructions</th><th class="num">time ${label("roofline estimate")}</th></tr>` +
+  <th class="num">peak SBUF KiB/partition</th><th class="num">peak PSUM KiB/partition</th><th class="num">ISA instructions</th><th class="num">time ${label("roofline estimate")}</th></tr>` +
   k.kernels.map((e) => { const m = e.measured, comp = m.compulsory_read_bytes + m.compulsory_write_bytes;
     return `<tr><td><a href="#/kernel/${esc(e.name)}">${esc(e.title)}</a></td><td>${esc(e.shapes)}</td><td class="num">${fmtInt(m.hbm_bytes)}</td>
     <td class="num">${comp ? (m.hbm_bytes / comp).toFixed(3) : "–"}</td><td class="num">${kib(m.peak_sbuf_bytes_pp)}</td><td class="num">${kib(m.peak_psum_bytes_pp)}</td>
@@ -202,8 +202,8 @@ async function viewKernels(el) {
 async function viewKernel(el, name) {
   const k = await api(`/api/kernels/${encodeURIComponent(name)}`), m = k.measured, tl = k.timeline, hw = k.hw, rf = k.roofline;
   el.innerHTML = `<h1>${esc(k.title)} <span class="muted">${esc(k.kernel)}</span></h1><p>${esc(k.shapes)}; report for ${esc(k.config)}.</p>
-  <section class="card"><h2>SBUF bytes per partition over the instruction sequence ${label(tl.label)}</h2>
-    <p class="muted">peak ${fmtInt(m.peak_sbuf_bytes_pp)} B of the ${fmtInt(hw.sbuf_budget_pp)} B budget (${(100 * m.peak_sbuf_bytes_pp / hw.sbuf_budget_pp).toFixed(1)}%; ${(hw.sbuf_budget_bytes / 2 ** 20).toFixed(0)} MiB over all ${hw.partitions} partitions)${tl.bucket > 1 ? `; each point is the maximum of ${tl.bucket} instructions` : ""}.</p>
+  <section class="card"><h2>SBUF bytes per partition over the kernel's instruction sequence ${label(tl.label)}</h2>
+    <p class="muted">peak ${fmtInt(m.peak_sbuf_bytes_pp)} B of the ${fmtInt(hw.sbuf_budget_pp)} B budget (${(100 * m.peak_sbuf_bytes_pp / hw.sbuf_budget_pp).toFixed(1)}%; ${(hw.sbuf_budget_bytes / 2 ** 20).toFixed(0)} MiB over all ${hw.partitions} partitions)${tl.bucket > 1 ? `; each point is the maximum of ${tl.bucket} calls` : ""}.</p>
     <div class="chartbox"><canvas id="sbuf-chart"></canvas></div></section>
   <section class="card"><h2>PSUM bytes per partition ${label(tl.label)}</h2>
     <p class="muted">peak ${fmtInt(m.peak_psum_bytes_pp)} B of ${fmtInt(hw.psum_pp)} B (${hw.psum_pp / hw.psum_bank_bytes} banks of ${fmtInt(hw.psum_bank_bytes)} B; ${(hw.psum_bytes / 2 ** 20).toFixed(0)} MiB in all).</p>
@@ -214,23 +214,23 @@ async function viewKernel(el, name) {
   <section class="card" style="margin-top:14px"><h2>Roofline ${label(rf.label)}</h2>
     <p>${(rf.total_s * 1e6).toFixed(2)} µs on ${esc(rf.hw)}, ${esc(rf.bound)}-bound.</p>
     <table id="roofline-table"><tr><th>engine / memory</th><th class="num">µs</th></tr>${Object.entries(rf.seconds).map(([e, s]) => `<tr><td>${esc(e)}</td><td class="num">${(s * 1e6).toFixed(2)}</td></tr>`).join("")}</table></section>
-  <section class="card"><h2>Instructions ${label(m.label)}</h2><p>${fmtInt(m.n_instructions)} instructions, ${fmtInt(m.dma_count)} DMAs, ${fmtInt(m.tensor_flops)} TensorEngine FLOPs.</p>
+  <section class="card"><h2>NKI calls by name ${label(m.label)}</h2><p>${fmtInt(m.n_instructions)} ISA instructions, ${fmtInt(m.dma_count)} DMAs, ${fmtInt(m.tensor_flops)} TensorEngine FLOPs.</p>
     <table>${Object.entries(m.instructions).map(([op, n]) => `<tr><td><code>${esc(op)}</code></td><td class="num">${fmtInt(n)}</td></tr>`).join("")}</table></section>`;
   const xs = tl.index, cap = (v) => xs.map((x) => ({ x, y: v }));
   const tip = { callbacks: { afterLabel: (c) => (c.datasetIndex === 0 && tl.op[c.dataIndex] ? `at ${tl.op[c.dataIndex]}` : "") } };
   chart($("#sbuf-chart"), { type: "scatter", data: { datasets: [
       line("live SBUF KiB/partition (measured in the simulator)", xs.map((x, i) => ({ x, y: tl.sbuf[i] / 1024 })), { stepped: true, fill: true, borderColor: "#2563eb", backgroundColor: "rgba(37,99,235,.15)" }),
       line(`SBUF budget ${kib(hw.sbuf_budget_pp)} KiB`, cap(hw.sbuf_budget_pp / 1024), { borderDash: [6, 4], borderColor: "#b91c1c" })] },
-    options: { plugins: { tooltip: tip }, scales: { x: { title: { display: true, text: "instruction (in program order)" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
+    options: { plugins: { tooltip: tip }, scales: { x: { title: { display: true, text: "NKI call (in program order)" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
   chart($("#psum-chart"), { type: "scatter", data: { datasets: [
       line("live PSUM KiB/partition (measured in the simulator)", xs.map((x, i) => ({ x, y: tl.psum[i] / 1024 })), { stepped: true, fill: true, borderColor: "#7c3aed", backgroundColor: "rgba(124,58,237,.15)" }),
       line(`PSUM ${kib(hw.psum_pp)} KiB`, cap(hw.psum_pp / 1024), { borderDash: [6, 4], borderColor: "#b91c1c" })] },
-    options: { scales: { x: { title: { display: true, text: "instruction" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
+    options: { scales: { x: { title: { display: true, text: "NKI call (in program order)" } }, y: { min: 0, title: { display: true, text: "KiB per partition" } } } } });
   chart($("#hbm-chart"), { type: "bar", data: { labels: ["read", "written"], datasets: [
       { label: "HBM bytes (measured in the simulator)", data: [m.hbm_read_bytes, m.hbm_write_bytes] },
       { label: "compulsory bytes (each argument read once, each result written once)", data: [m.compulsory_read_bytes, m.compulsory_write_bytes] }] },
     options: { scales: { y: { title: { display: true, text: "bytes" } } } } });
-  chart($("#engine-chart"), { type: "bar", data: { labels: Object.keys(m.engines), datasets: [{ label: "instructions per engine (measured in the simulator)", data: Object.values(m.engines) }] } });
+  chart($("#engine-chart"), { type: "bar", data: { labels: Object.keys(m.engines), datasets: [{ label: "ISA instructions per engine (measured in the simulator)", data: Object.values(m.engines) }] } });
 }
 
 // ---------------------------------------------------------------- sweeps
