@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default=None, help="token for state-changing requests (default: generated)")
     p.add_argument("--data", default=None, help="data directory runs started from the page train on")
     p.add_argument("--kernels-report", default=None, help="JSON from `kernels-report` (default <runs>/kernels_report.json)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run started from the page (repeatable; the page cannot change it)")
     p = sub.add_parser("kernels-report", help="simulate every NKI kernel once; write the JSON the dashboard's kernels view shows")
     p.add_argument("--config", default="dense-124m", help="preset whose shapes the kernels run at")
     p.add_argument("--tokens", type=int, default=None, help="tokens per call (default: the preset's seq_len)")
@@ -120,7 +122,9 @@ def _dashboard(a) -> int:
     from neuronfrontier.dashboard import serve
     if not 0 < a.port < 65536: raise UserError(f"--port {a.port}: must be in 1..65535")
     if a.token is not None and len(a.token) < 8: raise UserError("--token: use at least 8 characters")
-    serve(a.runs, a.host, a.port, a.token, _data_dir(a), a.kernels_report)
+    from neuronfrontier.config import CONFIGS, resolve
+    for c in CONFIGS: resolve(c, None, a.sets)       # a bad --set fails here, not in every run started later
+    serve(a.runs, a.host, a.port, a.token, _data_dir(a), a.kernels_report, sets=a.sets)
     return 0
 
 def _kernels_report(a) -> int:
@@ -132,7 +136,7 @@ def _kernels_report(a) -> int:
     for k in rep["kernels"]:
         m = k["measured"]
         print(f"{k['name']:18s} HBM {m['hbm_bytes']:>12,} B, peak SBUF {m['peak_sbuf_bytes_pp']:>7,} B/partition, "
-              f"{m['n_instructions']:>6,} instructions (measured in the simulator); {k['roofline']['total_s'] * 1e6:8.1f} us (roofline estimate)")
+              f"{m['n_instructions']:>6,} ISA instructions (measured in the simulator); {k['roofline']['total_s'] * 1e6:8.1f} us (roofline estimate)")
     print(f"wrote {out}")
     return 0
 

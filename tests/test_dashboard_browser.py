@@ -33,7 +33,8 @@ def dashboard(pydocs, tmp_path_factory):
                                                     "config_name": "cpu-micro", "config": {"train": {"lr": float(setting[3:])}}}))
     exe = Path(sys.executable).parent / "neuronfrontier"
     p = subprocess.Popen([str(exe), "dashboard", "--runs", str(runs), "--port", str(port), "--data", str(pydocs),
-                          "--kernels-report", str(ROOT / "nbs" / "results" / "kernels_report.json")],
+                          "--kernels-report", str(ROOT / "nbs" / "results" / "kernels_report.json"),
+                          "--set", "eval_tokens=16384"],   # the operator's override: the stopped run is scored in seconds
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}/"
     for _ in range(200):
@@ -60,11 +61,13 @@ def test_dashboard_in_chromium(dashboard):
         # the runs page; start a cpu-micro run from the form
         page.goto(url + "#/runs")
         expect(page.locator("#start-form")).to_be_visible()
+        expect(page.locator("main")).to_contain_text("--set eval_tokens=16384")
         page.select_option("#f-config", "cpu-micro"); page.select_option("#f-recipe", "frontier"); page.select_option("#f-budget", "60")
         page.click("#start-run")
         page.wait_for_url("**#/run/web-cpu-micro-*", timeout=30_000)
         name = page.url.split("#/run/")[1]
         expect(page.locator("#run-status")).to_have_text("running", timeout=30_000)
+        expect(page.locator("#launched")).to_contain_text(name)
 
         # the live chart gains points as metrics.jsonl grows (SSE)
         points = lambda: int(page.locator("#loss-chart").get_attribute("data-points"))
@@ -81,6 +84,8 @@ def test_dashboard_in_chromium(dashboard):
         expect(page.locator("#val-bpb")).to_have_text(__import__("re").compile(r"^\d+\.\d{4}$"), timeout=30_000)
         res = json.loads((runs / name / "result.json").read_text())
         assert res["status"] == "interrupted" and (runs / name / "model.pt").is_file()
+        assert json.loads((runs / name / "launch.json").read_text())["command"][-2:] == ["--set", "eval_tokens=16384"]
+        expect(page.locator("#launched")).to_have_text("")                                  # no run from the page any more
         assert page.locator("#val-bpb").inner_text() == f"{res['val_bpb']:.4f}"
         shot(page, "2-run-interrupted.png")
 

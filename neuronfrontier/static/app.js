@@ -61,7 +61,8 @@ async function viewRuns(el) {
       <label>budget (s)<select id="f-budget"></select></label><label>processes<select id="f-nproc"></select></label>
       <button id="start-run">Start run</button><span id="start-msg" class="muted"></span>
     </form>
-    <p class="muted">The server runs <code>neuronfrontier train</code> with these choices on its data directory; one run from this page at a time.</p>
+    <p class="muted">The server runs <code>neuronfrontier train</code> with these choices on its data directory${info.sets.length
+      ? `, with the overrides the dashboard was started with: <code>${info.sets.map((kv) => `--set ${esc(kv)}`).join(" ")}</code>` : ""}; one run from this page at a time.</p>
   </section>
   <section class="card"><h2>All runs <span class="muted" id="runs-dir"></span></h2><div id="runs-table">Loading…</div></section>
   <section class="card"><h2>Overlay <span class="muted">(tick runs above)</span></h2>
@@ -179,7 +180,7 @@ async function viewRun(el, name) {
   es.addEventListener("reset", () => { lossC.data.datasets.forEach((d) => (d.data = [])); speedC.data.datasets.forEach((d) => (d.data = [])); });
   es.addEventListener("status", (e) => setStatus(JSON.parse(e.data).status));
   es.addEventListener("log", (e) => { $("#run-log").hidden = false; $("#run-log").textContent = JSON.parse(e.data).tail; });
-  es.addEventListener("result", async (e) => { showResult(JSON.parse(e.data)); info = await api("/api/info"); setStatus(JSON.parse(e.data).status); details(await api(`/api/runs/${enc(name)}`)); });
+  es.addEventListener("result", async (e) => { showResult(JSON.parse(e.data)); await refreshInfo(); setStatus(JSON.parse(e.data).status); details(await api(`/api/runs/${enc(name)}`)); });
   es.addEventListener("end", () => es.close());
 }
 
@@ -286,13 +287,17 @@ async function viewTour(el, i) {
 }
 
 // ---------------------------------------------------------------- router
+async function refreshInfo() {   // the server's state, and the header's link to the run started from this page (if one runs)
+  info = await api("/api/info");
+  $("#launched").innerHTML = info.launched ? `running from this page: <a href="#/run/${esc(info.launched)}">${esc(info.launched)}</a>` : "";
+}
+
 async function route() {
   cleanup();
   const el = $("#view"), [, page, ...rest] = (location.hash || "#/runs").split("/"), arg = rest.map(decodeURIComponent).join("/");
   document.querySelectorAll("header nav a").forEach((a) => a.classList.toggle("active", a.id === `nav-${page === "run" ? "runs" : page === "kernel" ? "kernels" : page === "sweep" ? "sweeps" : page}`));
   try {
-    info = await api("/api/info");
-    $("#launched").innerHTML = info.launched ? `running from this page: <a href="#/run/${esc(info.launched)}">${esc(info.launched)}</a>` : "";
+    await refreshInfo();
     const views = { runs: viewRuns, run: viewRun, kernels: viewKernels, kernel: viewKernel, sweeps: viewSweeps, sweep: viewSweep, tour: viewTour };
     await (views[page] || viewRuns)(el, arg);
   } catch (e) { el.innerHTML = `<p class="error">${esc(e.message)}</p>`; }
