@@ -343,7 +343,7 @@ def tour(runs_root=None, report: dict | None = None, repo: Path | None = None) -
                               header=["kernel", "shapes", "HBM bytes", "÷ compulsory", "peak SBUF KiB/partition (of 192)",
                                       "peak PSUM KiB/partition (of 16)", "roofline µs"], rows=_kernel_rows(report)))
             else: b.append(_blk("text", "kernels report", "missing", text="No kernels report found: run `neuronfrontier kernels-report`."))
-            for nb, key in (("13_kernel_swiglu.ipynb", "seed's"), ("14_kernel_attention.ipynb", "naive kernel's SBUF grows")):
+            for nb, key in (("13_kernel_swiglu.ipynb", "seed's"), ("14_kernel_attention.ipynb", "PSUM peaks are constant for every T")):
                 p = md_paragraph(nbmd(nb), key)
                 if p: b.append(_blk("text", f"nbs/{nb}", "measured in the simulator", text=p))
         elif s["id"] in ("muon", "ablation") and ablation:

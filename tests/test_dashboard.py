@@ -154,6 +154,8 @@ def test_tour_reads_measurements_from_files(runs, tmp_path):
     abl = steps[3]["measured"][0]
     assert abl["kind"] == "table" and all(f"| {' | '.join(r)} |" in readme for r in abl["rows"])   # verbatim from the README
     assert "measured on CPU" in abl["label"]
+    kern = [b["source"] for b in steps[1]["measured"] if b["kind"] == "text"]     # the kernel notebooks' paragraphs were found
+    assert kern == ["nbs/13_kernel_swiglu.ipynb", "nbs/14_kernel_attention.ipynb"], kern
     assert all("claim" in s and s["claim_by"] for s in steps)
 
 
