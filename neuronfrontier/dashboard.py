@@ -82,7 +82,7 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
     fresh = mf.is_file() and time.time() - mf.stat().st_mtime < 120
     if res: status = res.get("status", "unknown")
     elif alive or fresh: status = "running"
-    else: status = "failed" if launch else "incomplete"
+    else: status = ("stopped" if launch.get("stopped") else "failed") if launch else "incomplete"
     r = res or {}
     return dict(name=name, status=status, config=r.get("config_name") or launch.get("config"),
                 recipe=r.get("recipe") if res else launch.get("recipe"),
@@ -379,6 +379,10 @@ def _subcommands() -> dict:
     return next(a.choices for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
 
 # %% ../nbs/70_dashboard.ipynb #d42fc130
+def _on_cpu() -> str:
+    "The label of a time measured here, with the machine's load (timings under load are slower than the machine is)."
+    return f"measured on CPU, this machine, load {os.getloadavg()[0]:.1f}"
+
 def _check_tile(data):
     from neuronfrontier.config import resolve
     out = []
@@ -421,7 +425,7 @@ def _check_ablation(data, steps: int = 40):
     from neuronfrontier.optim import build_optimizers, lr_multiplier
     from neuronfrontier.train import train_step
     paths, _ = find_shards(data); enc, _ = load_tokenizer(Path(data) / "tokenizer")
-    out, final = [f"cpu-micro, {steps} steps, seed 0, the same batches for both recipes (a smoke check, not the 3-seed ablation; measured on CPU):"], {}
+    out, final = [f"cpu-micro, {steps} steps, seed 0, the same batches for both recipes (a smoke check, not the 3-seed ablation; {_on_cpu()}):"], {}
     for recipe in ("baseline", "frontier"):
         m, t = resolve("cpu-micro", recipe); m.vocab_size = enc.n_vocab
         torch.manual_seed(0); model = GPT(m); opts = build_optimizers(model, t, print_table=False)
@@ -438,7 +442,7 @@ def _check_speedrun(data, budget_s: float = 5.0):
     with tempfile.TemporaryDirectory() as tmp:
         r = train("cpu-micro", data, Path(tmp) / "run", budget_s=budget_s, recipe="frontier", sets=["eval_tokens=16384"], verbose=False)
     ok = r["status"] == "completed" and r["train_s"] <= budget_s + r["max_step_s"]     # the watchdog's promise
-    return ok, (f"neuronfrontier train --config cpu-micro --recipe frontier --budget {budget_s:g} --set eval_tokens=16384 (measured on CPU, this machine):\n"
+    return ok, (f"neuronfrontier train --config cpu-micro --recipe frontier --budget {budget_s:g} --set eval_tokens=16384 ({_on_cpu()}):\n"
                 f"  {r['steps']} steps, {r['tokens']:,} tokens, {r['tok_s']:,.0f} tokens/s, charged {r['train_s']:.3f} s of {budget_s:g} s "
                 f"(overrun {r['overrun_s']:.3f} s, longest step {r['max_step_s']:.3f} s), warm-up {r['warmup_s']:.1f} s, eval {r['eval_s']:.1f} s\n"
                 f"  val_bpb {r['val_bpb']:.4f} against the unigram baseline {r['unigram_bpb']:.4f}")
@@ -526,6 +530,8 @@ class Launcher:
             if name != self.running(): raise RuntimeError(f"{name} is not a running run started from this page")
             try: os.killpg(self.proc.pid, sig)
             except ProcessLookupError: pass
+            lj = self.root / name / "launch.json"   # a run stopped before its first step ends without a result: `stopped`
+            lj.write_text(json.dumps(dict(json.loads(lj.read_text()), stopped=time.time()), indent=1))
 
     def shutdown(self, timeout: float = 60.0) -> None:
         "Stop the page-launched run, if any, and wait for it (SIGKILL after `timeout` seconds)."
@@ -632,7 +638,7 @@ def make_app(runs="runs", data="data/cache/pydocs", token: str | None = None, ke
                 if res is not None: yield _sse("result", res, off); yield _sse("end", {}); return
                 s = run_summary(d, name, name == launcher.running())["status"] if quiet >= 1.0 or status is None else status
                 if s != status: status = s; yield _sse("status", {"status": s})
-                if s == "failed": yield _sse("log", {"tail": _log_tail(d / "train.log")}); yield _sse("end", {}); return
+                if s in ("failed", "stopped"): yield _sse("log", {"tail": _log_tail(d / "train.log")}); yield _sse("end", {}); return
                 if quiet >= 15: yield ": keep-alive\n\n"; quiet = 0.0
                 await asyncio.sleep(poll_s); quiet += poll_s
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

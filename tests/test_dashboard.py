@@ -1,12 +1,12 @@
 """The dashboard's API: the SSE feed of metrics.jsonl, the token rules, path validation, garbage lines, the kernels
 report, and `neuronfrontier dashboard` off loopback. The page itself is tested in Chromium (test_dashboard_browser)."""
-import json, os, signal, socket, subprocess, sys, threading, time
+import json, os, signal, subprocess, sys, threading, time
 from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from conftest import ROOT, cli
-from neuronfrontier.dashboard import make_app, read_new, LOOPBACK
+from conftest import ROOT, cli, free_port
+from neuronfrontier.dashboard import make_app, read_new, run_summary, Launcher, LOOPBACK
 
 TOKEN = "t0ken-for-tests"
 STATE_CHANGING = [("/api/launch", {"config": "cpu-micro"}), ("/api/runs/r1/stop", None), ("/api/checks/tile", None)]
@@ -159,12 +159,8 @@ def test_tour_reads_measurements_from_files(runs, tmp_path):
     assert all("claim" in s and s["claim_by"] for s in steps)
 
 
-def _free_port():
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 def test_dashboard_off_loopback_prints_a_token_and_requires_it(tmp_path):
-    port = _free_port()
+    port = free_port()
     exe = Path(sys.executable).parent / "neuronfrontier"
     p = subprocess.Popen([str(exe), "dashboard", "--runs", str(tmp_path), "--host", "0.0.0.0", "--port", str(port)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -203,3 +199,15 @@ def test_sweep_directory_in_the_sweep_commands_layout(tmp_path):
         assert [r["name"] for r in s["runs"]] == ["sw/lr=0.01/s0", "sw/lr=0.02/s0", "sw/lr=0.04/s0"]
         assert c.get("/api/runs/sw/lr=0.02/s0").json()["val_bpb"] == 2.30
         assert {r["name"] for r in c.get("/api/runs").json()} == {r["name"] for r in s["runs"]}
+
+
+def test_a_run_stopped_before_its_first_step_is_stopped_not_failed(pydocs, tmp_path):
+    "SIGINT during start-up (before `train` handles it) leaves no result.json: the run is `stopped`, with its log."
+    L = Launcher(tmp_path / "runs", pydocs)
+    name = L.start("cpu-micro", "", 60)
+    L.stop(name); L.proc.wait(120)
+    d = tmp_path / "runs" / name
+    assert not (d / "result.json").exists() and json.loads((d / "launch.json").read_text())["stopped"] > 0
+    assert run_summary(d, name)["status"] == "stopped"
+    with TestClient(make_app(tmp_path / "runs", pydocs, TOKEN)) as c:
+        assert [e for e, _ in events(c.get(f"/api/runs/{name}/stream").text)] == ["status", "log", "end"]

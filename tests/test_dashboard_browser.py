@@ -1,11 +1,11 @@
 """The dashboard as a person uses it, in a real headless Chromium (Debian's package, driven by playwright; no browser
 download): start a cpu-micro run from the page, watch the live chart gain points, stop it, see `interrupted`;
 open a kernel's SBUF view and the judge tour, run one live check; a sweep's table. Screenshots go to artifacts/dashboard/."""
-import json, os, shutil, signal, socket, subprocess, sys, time
+import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import httpx
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
@@ -19,14 +19,10 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} not found (install Debian's chromium: `make browser`)", allow_module_level=True)
 
 
-def _free_port():
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def dashboard(pydocs, tmp_path_factory):
     "`neuronfrontier dashboard` on a free loopback port over an empty runs directory; yields (url, runs)."
-    runs, port = tmp_path_factory.mktemp("runs"), _free_port()
+    runs, port = tmp_path_factory.mktemp("runs"), free_port()
     for setting, bpb, tps in (("lr=0.01", 2.4, 900.0), ("lr=0.02", 2.3, 800.0), ("lr=0.04", 2.5, 850.0)):   # a small sweep's layout
         rd = runs / "sweep-lr" / setting / "s0"; rd.mkdir(parents=True)
         (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10, "seed": 0,
@@ -81,7 +77,7 @@ def test_dashboard_in_chromium(dashboard):
         # stop it: the run ends interrupted, with its checkpoint and a scored val_bpb
         page.click("#stop-run")
         expect(page.locator("#run-status")).to_have_text("interrupted", timeout=300_000)   # the checkpoint is scored first
-        expect(page.locator("#val-bpb")).to_have_text(__import__("re").compile(r"^\d+\.\d{4}$"), timeout=30_000)
+        expect(page.locator("#val-bpb")).to_have_text(re.compile(r"^\d+\.\d{4}$"), timeout=30_000)
         res = json.loads((runs / name / "result.json").read_text())
         assert res["status"] == "interrupted" and (runs / name / "model.pt").is_file()
         assert json.loads((runs / name / "launch.json").read_text())["command"][-2:] == ["--set", "eval_tokens=16384"]
