@@ -37,7 +37,7 @@ nbtest: install
 	$(BIN)/nbdev-test --n-workers 2
 
 # The dashboard's browser test drives Debian's chromium (playwright cannot download browsers here). Installed when
-# missing and apt is usable (root); otherwise that one test is skipped with the reason.
+# missing and apt is usable (root); otherwise that one test is skipped with the reason (and fails when CI is set).
 browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	  && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
