@@ -9,7 +9,7 @@ const kib = (b) => (b / 1024).toFixed(1);
 const when = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
 // Markdown-ish prose from the project's files: escaped, `code`, **bold**, and inline TeX made readable as plain text.
 const TEX = [[/\\tfrac\{([^}]*)\}\{([^}]*)\}/g, "$1/$2"], [/\\text\{([^}]*)\}/g, "$1"], [/\\cdot/g, "·"], [/\\approx/g, "≈"],
-  [/\\times/g, "×"], [/\^?\\top/g, "ᵀ"], [/\\le(?![a-z])/g, "≤"], [/\\ge(?![a-z])/g, "≥"], [/\\sqrt/g, "√"], [/\\,/g, " "], [/\^2/g, "²"], [/\$/g, ""]];
+  [/\\times/g, "×"], [/\\to(?![a-z])/g, "→"], [/\^?\\top/g, "ᵀ"], [/\\le(?![a-z])/g, "≤"], [/\\ge(?![a-z])/g, "≥"], [/\\sqrt/g, "√"], [/\\,/g, " "], [/\^2/g, "²"], [/\$/g, ""]];
 const prose = (s) => TEX.reduce((t, [re, r]) => t.replace(re, r), esc(s)).replace(/`([^`]+)`/g, "<code>$1</code>").replace(/\*\*([^*]+)\*\*/g, "<b>$1</b>");
 const labelCls = (l) => (/simulator/.test(l) ? "sim" : /estimate/.test(l) ? "est" : /CPU|machine/.test(l) ? "cpu" : "");
 const label = (l) => `<span class="label ${labelCls(l)}">${esc(l)}</span>`;
@@ -273,14 +273,14 @@ async function viewTour(el, i) {
     <div class="claim"><div class="by">${esc(s.claim_by)} — a claim, not a measurement</div><p>${esc(s.claim)}</p></div>
     <h2>What this project measured</h2>${s.measured.map(block).join("")}
     <h2>Check it live</h2><button id="run-check">Run: ${esc(info.checks[s.check])}</button> <span id="check-status" class="muted"></span>
-    <pre class="out" id="check-output"></pre>
+    <pre class="out" id="check-output" hidden></pre>
     <p>${n > 0 ? `<a href="#/tour/${n - 1}">← previous</a>` : ""} ${n < steps.length - 1 ? `<a href="#/tour/${n + 1}" id="tour-next">next →</a>` : ""}</p></section>`;
   $("#run-check").onclick = async () => {
-    $("#run-check").disabled = true; $("#check-status").textContent = "running…"; $("#check-output").textContent = "";
+    $("#run-check").disabled = true; $("#check-status").textContent = "running…"; $("#check-output").textContent = ""; $("#check-output").hidden = true;
     try {
       const r = await post(`/api/checks/${s.check}`);
       $("#check-status").innerHTML = r.ok === null ? `<span class="muted">not available</span>` : r.ok ? `<span class="ok">passed</span> in ${r.seconds} s` : `<span class="bad">FAILED</span> in ${r.seconds} s`;
-      $("#check-output").textContent = r.output;
+      $("#check-output").textContent = r.output; $("#check-output").hidden = false;
     } catch (e) { $("#check-status").innerHTML = `<span class="error">${esc(e.message)}</span>`; }
     $("#run-check").disabled = false;
   };
