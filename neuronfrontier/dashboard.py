@@ -8,11 +8,10 @@ import csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, thre
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DEPTH', 'RUN_FILES', 'TABLE_FILES', 'BPB_KEYS', 'TOKS_KEYS', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK',
-           'BadName', 'run_path', 'read_new', 'is_run', 'last_record', 'run_summary', 'run_dirs', 'list_runs',
-           'downsample_timeline', 'kernels_report', 'is_sweep', 'pareto_front', 'sweep_table', 'list_sweeps',
-           'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour', 'run_check', 'Launcher', 'static_dir',
-           'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
+__all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName', 'run_path', 'read_new', 'is_run',
+           'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report', 'is_sweep',
+           'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour',
+           'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
@@ -89,7 +88,8 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
                 steps=r.get("steps", last.get("step")), tokens=r.get("tokens", last.get("tokens")),
                 tok_s=r.get("tok_s", last.get("tok_s")), mfu=r.get("mfu", last.get("mfu")), val_bpb=r.get("val_bpb"),
                 time_s=r.get("train_s", last.get("time_s")), budget_s=r.get("budget_s", launch.get("budget_s")),
-                nproc=r.get("world_size", launch.get("nproc", 1)), launched_here=bool(launch), when=max(times, default=None))
+                nproc=r.get("world_size", launch.get("nproc", 1)), global_batch=r.get("global_batch"), budget_mode=r.get("budget_mode"),
+                launched_here=bool(launch), when=max(times, default=None))
 
 def run_dirs(d, depth: int = MAX_DEPTH, pre: str = "") -> list[tuple[str, Path]]:
     "(name, path) of the run directories under `d`, at most `depth` levels down, not looking inside runs."
@@ -190,9 +190,6 @@ def _git_commit() -> str | None:
     except Exception: return None
 
 # %% ../nbs/70_dashboard.ipynb #fedc0712
-TABLE_FILES = ("table.csv", "sweep.jsonl", "results.jsonl", "table.jsonl")
-BPB_KEYS, TOKS_KEYS = ("val_bpb_mean", "val_bpb", "bpb"), ("tok_s_mean", "tok_s", "tokens_per_s")
-
 def _num(v):
     "A CSV cell as int or float when it is one."
     try: f = float(v)
@@ -208,8 +205,7 @@ def _flat(d: dict, pre: str = "") -> dict:
 
 def is_sweep(d) -> bool:
     d = Path(d)
-    return (d.is_dir() and not is_run(d) and
-            (any((d / f).is_file() for f in TABLE_FILES) or any(d.glob("*.csv")) or bool(run_dirs(d, 2))))
+    return d.is_dir() and not is_run(d) and ((d / "table.csv").is_file() or bool(run_dirs(d, 2)))
 
 def pareto_front(rows, bpb: str, toks: str) -> list[int]:
     "Indices of the rows that no other row beats on both `bpb` (lower is better) and `toks` (higher is better)."
@@ -221,22 +217,19 @@ def sweep_table(d, prefix: str = "") -> dict:
     "A sweep directory's {'source', 'columns', 'rows', 'bpb', 'toks', 'pareto', 'runs'}; run names get `prefix`."
     d = Path(d)
     runs = [run_summary(p, prefix + n) for n, p in run_dirs(d, 2)]
-    src = next((f for f in TABLE_FILES if (d / f).is_file()), None) or next((p.name for p in sorted(d.glob("*.csv"))), None)
-    if src and src.endswith(".csv"):
+    if (d / "table.csv").is_file():   # `neuronfrontier sweep`'s table: one row per setting
+        src, bpb = "table.csv", "val_bpb_mean"
         with open(d / src, newline="") as f: rows = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    elif src: rows = read_new(d / src)[0]
-    else:
-        src, res = "result.json of each run", {n: _load_json(p / "result.json") or {} for n, p in run_dirs(d, 2)}
+    else:                             # a sweep still running: one row per run
+        src, bpb, res = "result.json of each run", "val_bpb", {n: _load_json(p / "result.json") or {} for n, p in run_dirs(d, 2)}
         flat = {n: _flat(r.get("config") or {}) for n, r in res.items()}
         keys = sorted({k for f in flat.values() for k in f})
         varying = [k for k in keys if len({json.dumps(f.get(k)) for f in flat.values()}) > 1]
         rows = [dict(run=n, **{k.split(".")[-1]: flat[n].get(k) for k in varying}, seed=r.get("seed"), val_bpb=r.get("val_bpb"),
                      tok_s=r.get("tok_s"), steps=r.get("steps"), status=r.get("status")) for n, r in res.items()]
     rows = [_clean(r) for r in rows]
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    bpb, toks = next((k for k in BPB_KEYS if k in cols), None), next((k for k in TOKS_KEYS if k in cols), None)
-    return dict(source=src, columns=cols, rows=rows, bpb=bpb, toks=toks, runs=runs,
-                pareto=pareto_front(rows, bpb, toks) if bpb and toks else [])
+    return dict(source=src, columns=list(dict.fromkeys(k for r in rows for k in r)), rows=rows, bpb=bpb, toks="tok_s", runs=runs,
+                pareto=pareto_front(rows, bpb, "tok_s"))
 
 def list_sweeps(root) -> list[str]:
     "Names of the sweep directories directly under `root`."
@@ -422,7 +415,7 @@ def _check_ablation(data, steps: int = 40):
     from neuronfrontier.config import resolve
     from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.model import GPT
-    from neuronfrontier.optim import build_optimizers, lr_multiplier
+    from neuronfrontier.optim import build_optimizers
     from neuronfrontier.train import train_step
     paths, _ = find_shards(data); enc, _ = load_tokenizer(Path(data) / "tokenizer")
     out, final = [f"cpu-micro, {steps} steps, seed 0, the same batches for both recipes (a smoke check, not the 3-seed ablation; {_on_cpu()}):"], {}
@@ -430,7 +423,7 @@ def _check_ablation(data, steps: int = 40):
         m, t = resolve("cpu-micro", recipe); m.vocab_size = enc.n_vocab
         torch.manual_seed(0); model = GPT(m); opts = build_optimizers(model, t, print_table=False)
         loader, t0 = PackedLoader(paths, enc, t.batch_size, m.seq_len, seed=0), time.perf_counter()
-        losses = [train_step(model, opts, loader, t, lr_multiplier(i / steps, t), torch.device("cpu")).item() for i in range(steps)]
+        losses = [train_step(model, opts, loader, t, i / steps, torch.device("cpu")).item() for i in range(steps)]
         final[recipe] = sum(losses[-5:]) / 5
         out.append(f"  {recipe:9s} loss {losses[0]:.3f} → {losses[-1]:.3f} (mean of the last 5: {final[recipe]:.3f}) in {time.perf_counter() - t0:.1f} s")
     ok = all(math.isfinite(v) for v in final.values())
@@ -488,9 +481,8 @@ class Launcher:
     def choices(self) -> dict:
         "The only values the page may send."
         from neuronfrontier.config import CONFIGS, RECIPES
-        has_nproc = "--nproc" in _subcommands()["train"].format_help()
         return dict(config=list(CONFIGS), recipe=["", *RECIPES], budget=list(BUDGETS),
-                    nproc=[n for n in (1, 2, 4, 8) if n <= (os.cpu_count() or 1)] if has_nproc else [1])
+                    nproc=[n for n in (1, 2, 4, 8) if n <= (os.cpu_count() or 1)])
 
     def running(self) -> str | None:
         "The name of the page-launched run while its process lives and has not written its result."
@@ -525,11 +517,10 @@ class Launcher:
         return name
 
     def stop(self, name: str, sig=signal.SIGINT) -> None:
-        "Send `sig` (SIGINT, like Ctrl-C) to the process group of the page-launched run `name`."
+        "Send `sig` (SIGINT, like Ctrl-C) to the `train` process of the page-launched run `name`."
         with self.lock:
             if name != self.running(): raise RuntimeError(f"{name} is not a running run started from this page")
-            try: os.killpg(self.proc.pid, sig)
-            except ProcessLookupError: pass
+            self.proc.send_signal(sig)   # with --nproc, train passes it on to torchrun, which stops the ranks
             lj = self.root / name / "launch.json"   # a run stopped before its first step ends without a result: `stopped`
             lj.write_text(json.dumps(dict(json.loads(lj.read_text()), stopped=time.time()), indent=1))
 

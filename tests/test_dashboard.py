@@ -6,7 +6,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from conftest import ROOT, cli, free_port
-from neuronfrontier.dashboard import make_app, read_new, run_summary, Launcher, LOOPBACK
+from neuronfrontier.dashboard import make_app, read_new, run_summary, Launcher, LOOPBACK, _check_ablation
 
 TOKEN = "t0ken-for-tests"
 STATE_CHANGING = [("/api/launch", {"config": "cpu-micro"}), ("/api/runs/r1/stop", None), ("/api/checks/tile", None)]
@@ -181,17 +181,15 @@ def test_dashboard_off_loopback_prints_a_token_and_requires_it(tmp_path):
 
 
 def test_sweep_directory_in_the_sweep_commands_layout(tmp_path):
-    "`neuronfrontier sweep --out DIR` writes DIR/<setting>/s<seed>/ run directories, results.jsonl and table.csv."
+    "`neuronfrontier sweep --out DIR` writes DIR/<setting>/s<seed>/ run directories and (sweep.write_outputs) table.csv."
+    from neuronfrontier.sweep import collect, setting_dir, write_outputs
     sw = tmp_path / "runs" / "sw"
     pts = {"lr=0.01": (2.40, 900.0), "lr=0.02": (2.30, 800.0), "lr=0.04": (2.50, 850.0)}
-    rows = []
+    settings = {k: [k] for k in pts}
     for setting, (bpb, tps) in pts.items():
-        rd = sw / setting / "s0"; rd.mkdir(parents=True)
-        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10}))
-        rows.append({"setting": setting, "seed": 0, "val_bpb": bpb, "tok_s": tps, "run_dir": str(rd)})
-    (sw / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (sw / "table.csv").write_text("setting,overrides,runs,not_completed,val_bpb_mean,val_bpb_sd,delta,tok_s,steps\n" +
-                                  "".join(f"{s},['{s}'],1,0,{b},,,{t},10\n" for s, (b, t) in pts.items()))
+        rd = setting_dir(sw, setting) / "s0"; rd.mkdir(parents=True)
+        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10, "tokens": 100, "train_s": 1.0}))
+    write_outputs(sw, collect(sw, settings, [0]), settings, plots=False)
     with TestClient(make_app(tmp_path / "runs", ".", TOKEN)) as c:
         assert c.get("/api/sweeps").json() == ["sw"]
         s = c.get("/api/sweeps/sw").json()
@@ -211,3 +209,14 @@ def test_a_run_stopped_before_its_first_step_is_stopped_not_failed(pydocs, tmp_p
     assert run_summary(d, name)["status"] == "stopped"
     with TestClient(make_app(tmp_path / "runs", pydocs, TOKEN)) as c:
         assert [e for e, _ in events(c.get(f"/api/runs/{name}/stream").text)] == ["status", "log", "end"]
+
+
+def test_ablation_check_steps_the_schedule_by_budget_fraction(pydocs, monkeypatch):
+    "`train_step` takes the fraction of the run done (it applies the schedule itself), not an lr multiplier."
+    import neuronfrontier.train as T
+    fracs, real = [], T.train_step
+    monkeypatch.setattr(T, "train_step", lambda *a, **k: fracs.append(a[4]) or real(*a, **k))
+    ok, out = _check_ablation(pydocs, steps=4)
+    assert ok, out
+    assert fracs == [0.0, 0.25, 0.5, 0.75] * 2
+

@@ -102,7 +102,7 @@ async function viewRuns(el) {
     $("#runs-table").innerHTML = `<table id="runs"><tr><th></th><th>run</th><th>config</th><th>recipe</th><th>status</th><th class="num">steps</th>
       <th class="num">tokens</th><th class="num">tok/s</th><th class="num">MFU</th><th class="num">val_bpb</th><th>when</th></tr>` +
       runs.map((r) => `<tr data-run="${esc(r.name)}"><td><input type="checkbox" class="pick" value="${esc(r.name)}" ${selected.has(r.name) ? "checked" : ""}></td>
-      <td><a href="#/run/${esc(r.name)}">${esc(r.name)}</a></td><td>${esc(r.config)}</td><td>${esc(r.recipe || "–")}</td>
+      <td><a href="#/run/${esc(r.name)}">${esc(r.name)}</a></td><td>${esc(r.config)}${r.nproc > 1 ? ` ×${esc(r.nproc)}` : ""}</td><td>${esc(r.recipe || "–")}</td>
       <td><span class="status status-${esc(r.status)}">${esc(r.status)}</span></td><td class="num">${fmtInt(r.steps)}</td><td class="num">${fmtInt(r.tokens)}</td>
       <td class="num">${fmtInt(r.tok_s)}</td><td class="num">${r.mfu === null || r.mfu === undefined ? "n/a" : (100 * r.mfu).toFixed(1) + "%"}</td>
       <td class="num">${fmt(r.val_bpb)}</td><td>${when(r.when)}</td></tr>`).join("") + "</table>" +
@@ -142,6 +142,7 @@ async function viewRun(el, name) {
   const details = (r) => {
     const l = r.launch ? `started from this page: <code>${esc(r.launch.command.join(" "))}</code>` : "started outside the dashboard";
     $("#run-details").innerHTML = `${l}<br>config ${esc(r.config || "?")}, recipe ${esc(r.recipe || "–")}, processes ${esc(r.nproc)}` +
+      (r.global_batch ? `, global batch ${fmtInt(r.global_batch)} rows` : "") + (r.budget_mode ? `, budget mode ${esc(r.budget_mode)}` : "") +
       (r.result ? `<br>device ${esc(r.result.device)}; ${fmtInt(r.result.steps)} steps, ${fmtInt(r.result.tokens)} tokens, train ${fmt(r.result.train_s, 2)} s, warm-up ${fmt(r.result.warmup_s, 2)} s, eval ${fmt(r.result.eval_s, 2)} s, overrun ${fmt(r.result.overrun_s, 3)} s; unigram baseline ${fmt(r.result.unigram_bpb)} bpb` : "");
   };
   const showResult = (res) => {
@@ -238,8 +239,7 @@ async function viewKernel(el, name) {
 async function viewSweeps(el) {
   const s = await api("/api/sweeps");
   el.innerHTML = `<h1>Sweeps</h1>` + (s.length ? `<ul>${s.map((n) => `<li><a href="#/sweep/${esc(n)}">${esc(n)}</a></li>`).join("")}</ul>`
-    : `<p class="muted">No sweep directories in ${esc(info.runs)}. A sweep directory holds one run directory per point and, optionally, a table
-      (<code>sweep.jsonl</code>, <code>results.jsonl</code>, <code>table.jsonl</code> or a <code>.csv</code>).</p>`);
+    : `<p class="muted">No sweep directories in ${esc(info.runs)}: <code>neuronfrontier sweep --out ${esc(info.runs)}/NAME</code> writes one.</p>`);
 }
 
 async function viewSweep(el, name) {
@@ -253,7 +253,6 @@ async function viewSweep(el, name) {
   <section class="card"><h2>The runs it launched</h2><table id="sweep-runs"><tr><th>run</th><th>status</th><th class="num">steps</th><th class="num">tok/s</th><th class="num">val_bpb</th></tr>` +
     s.runs.map((r) => `<tr><td><a href="#/run/${esc(r.name)}">${esc(r.name)}</a></td><td><span class="status status-${esc(r.status)}">${esc(r.status)}</span></td>
       <td class="num">${fmtInt(r.steps)}</td><td class="num">${fmtInt(r.tok_s)}</td><td class="num">${fmt(r.val_bpb)}</td></tr>`).join("") + "</table></section>";
-  if (!s.bpb || !s.toks) return;
   const pts = s.rows.map((r, i) => ({ x: r[s.toks], y: r[s.bpb], i })).filter((p) => typeof p.x === "number" && typeof p.y === "number");
   const front = pts.filter((p) => s.pareto.includes(p.i)).sort((a, b) => a.x - b.x);
   chart($("#pareto-chart"), { type: "scatter", data: { datasets: [
