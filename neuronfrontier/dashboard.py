@@ -9,9 +9,10 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName', 'run_path', 'read_new', 'is_run',
-           'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report', 'is_sweep',
-           'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour',
-           'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
+           'scored', 'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report',
+           'is_sweep', 'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables',
+           'md_paragraph', 'tour', 'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve',
+           'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
@@ -64,6 +65,15 @@ def _load_json(p) -> dict | None:
 
 def is_run(d: Path) -> bool: return any((Path(d) / f).is_file() for f in RUN_FILES)
 
+def scored(res: dict | None) -> bool:
+    "Whether a `result.json` is the final one: `train` writes it before evaluating (val_bpb null) and again after; a diverged run is not evaluated."
+    return res is not None and (res.get("val_bpb") is not None or res.get("status") == "diverged")
+
+def _age(p) -> float:
+    "Seconds since `p` was last written (infinite if it does not exist)."
+    try: return time.time() - Path(p).stat().st_mtime
+    except OSError: return math.inf
+
 def last_record(path, tail: int = 65536) -> dict | None:
     "The last well-formed complete record of a JSONL file, reading only its last `tail` bytes."
     try: size = Path(path).stat().st_size
@@ -77,10 +87,8 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
     res, launch = _load_json(d / "result.json"), _load_json(d / "launch.json") or {}
     last = last_record(d / "metrics.jsonl") or {}
     times = [p.stat().st_mtime for p in (d / f for f in RUN_FILES + ("train.log",)) if p.is_file()]
-    mf = d / "metrics.jsonl"
-    fresh = mf.is_file() and time.time() - mf.stat().st_mtime < 120
     if res: status = res.get("status", "unknown")
-    elif alive or fresh: status = "running"
+    elif alive or _age(d / "metrics.jsonl") < 120: status = "running"
     else: status = ("stopped" if launch.get("stopped") else "failed") if launch else "incomplete"
     r = res or {}
     return dict(name=name, status=status, config=r.get("config_name") or launch.get("config"),
@@ -88,7 +96,7 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
                 steps=r.get("steps", last.get("step")), tokens=r.get("tokens", last.get("tokens")),
                 tok_s=r.get("tok_s", last.get("tok_s")), mfu=r.get("mfu", last.get("mfu")), val_bpb=r.get("val_bpb"),
                 time_s=r.get("train_s", last.get("time_s")), budget_s=r.get("budget_s", launch.get("budget_s")),
-                nproc=r.get("world_size", launch.get("nproc", 1)), global_batch=r.get("global_batch"), budget_mode=r.get("budget_mode"),
+                nproc=r.get("world_size", last.get("world_size", launch.get("nproc", 1))), global_batch=r.get("global_batch"), budget_mode=r.get("budget_mode"),
                 launched_here=bool(launch), when=max(times, default=None))
 
 def run_dirs(d, depth: int = MAX_DEPTH, pre: str = "") -> list[tuple[str, Path]]:
@@ -485,9 +493,9 @@ class Launcher:
                     nproc=[n for n in (1, 2, 4, 8) if n <= (os.cpu_count() or 1)])
 
     def running(self) -> str | None:
-        "The name of the page-launched run while its process lives and has not written its result."
+        "The name of the page-launched run while its process lives and has not written its final result."
         alive = self.proc is not None and self.proc.poll() is None
-        return self.name if alive and not (self.root / self.name / "result.json").exists() else None
+        return self.name if alive and not scored(_load_json(self.root / self.name / "result.json")) else None
 
     def start(self, config: str, recipe: str = "", budget=60, nproc=1) -> str:
         "Validate the request, create the run directory, start `train`; returns the run's name."
@@ -617,7 +625,7 @@ def make_app(runs="runs", data="data/cache/pydocs", token: str | None = None, ke
         start = int(last_event_id) if (last_event_id or "").isdigit() else max(0, offset)
 
         async def events():
-            off, quiet, status = start, 0.0, None
+            off, quiet, status, sent = start, 0.0, None, None
             yield ": stream open\n\n"
             while True:                   # Starlette cancels this generator when the client goes away
                 res = _load_json(d / "result.json")                   # read first: train writes it after the last line
@@ -626,7 +634,9 @@ def make_app(runs="runs", data="data/cache/pydocs", token: str | None = None, ke
                 if recs or new != off:
                     off, quiet = new, 0.0
                     yield _sse("metrics", recs, off)
-                if res is not None: yield _sse("result", res, off); yield _sse("end", {}); return
+                if res is not None and res != sent: sent = res; yield _sse("result", res, off)
+                if res is not None and (scored(res) or (name != launcher.running() and _age(d / "result.json") > 120)):
+                    yield _sse("end", {}); return   # final, or no sign of the evaluation still going
                 s = run_summary(d, name, name == launcher.running())["status"] if quiet >= 1.0 or status is None else status
                 if s != status: status = s; yield _sse("status", {"status": s})
                 if s in ("failed", "stopped"): yield _sse("log", {"tail": _log_tail(d / "train.log")}); yield _sse("end", {}); return

@@ -51,14 +51,16 @@ def test_stream_follows_a_file_being_written(runs):
             line = json.dumps({"step": i, "loss": 10.0 - i / 10}) + "\n"
             with open(m, "a") as f: f.write(line[:7]); f.flush(); time.sleep(0.003); f.write(line[7:])
             if i % 7 == 0: time.sleep(0.05)
-        (runs / "r1" / "result.json").write_text('{"status": "interrupted"}')
+        (runs / "r1" / "result.json").write_text('{"status": "interrupted", "val_bpb": null}')   # train stopped; evaluating
+        time.sleep(0.3)
+        (runs / "r1" / "result.json").write_text('{"status": "interrupted", "val_bpb": 2.5}')
     t = threading.Thread(target=writer)
     with TestClient(make_app(runs, ".", TOKEN, poll_s=0.01)) as c:
         t.start(); body = c.get("/api/runs/r1/stream").text; t.join()
     ev = events(body)
     got = [r["step"] for e, d in ev if e == "metrics" for r in json.loads(d)]
     assert got == list(range(1, 31)) and sum(e == "metrics" for e, _ in ev) > 1   # incrementally, never twice
-    assert ev[-2][0] == "result" and json.loads(ev[-2][1])["status"] == "interrupted"
+    assert ev[-2][0] == "result" and json.loads(ev[-2][1]) == {"status": "interrupted", "val_bpb": 2.5}   # the stream waits for the score
 
 
 def test_read_new_reads_only_past_the_offset(tmp_path):
