@@ -3,6 +3,7 @@
 
     python benchmarks/profile_step.py                          # cpu-tiny, default recipe, 2 threads, 8 profiled steps
     python benchmarks/profile_step.py --threads 1 --set mlp=relu2 --steps 5 --ops 20
+    python benchmarks/profile_step.py --set prefetch=0            # packing inside the step, as before the Prefetcher
 
 The step is the trainer's own `train_step` on the trainer's own loader, model and optimizers; the script only
 wraps the pieces it calls in `torch.profiler.record_function` ranges — the loader's `next`, the model forward
@@ -37,7 +38,7 @@ def main(argv=None):
     from neuronfrontier.config import resolve
     from neuronfrontier.data import prepare, find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.model import GPT
-    from neuronfrontier.train import train_step
+    from neuronfrontier.train import train_step, Prefetcher
 
     torch.set_num_threads(a.threads)
     mcfg, tcfg = resolve(a.config, a.recipe, a.sets)
@@ -45,7 +46,7 @@ def main(argv=None):
     train_paths, _ = find_shards(data); enc, _ = load_tokenizer(data / "tokenizer")
     torch.manual_seed(0)
     model = GPT(mcfg); opts = optim.build_optimizers(model, tcfg, print_table=False)
-    loader = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=0)
+    loader = Prefetcher(PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=0), tcfg.prefetch)  # as `train` builds it
     dev = torch.device("cpu")
 
     def ranged(name, fn):
@@ -54,7 +55,7 @@ def main(argv=None):
             with record_function(name): return fn(*args, **kw)
         return f
 
-    class Batches:  # the trainer's loader, each `next` in its own range
+    class Batches:  # the trainer's loader, each `next` in its own range (with prefetching: the wait for a packed batch)
         def __iter__(self): return self
         def __next__(self):
             with record_function("loader"): return next(loader)
@@ -84,6 +85,7 @@ def main(argv=None):
     ms["Muon (rest)"] -= ms["newton-schulz"]  # NS runs inside Muon.step
     ms["python overhead"] = max(0.0, prof_wall * 1e3 - sum(ms.values()))
     tok = tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len
+    loader.close()
     print(f"{a.config} {a.recipe or '(default recipe)'} {' '.join(a.sets)}: {tok:,} tokens/step, {a.threads} threads, "
           f"load {load0:.2f} — measured on this machine's CPU")
     print(f"step wall time: median {statistics.median(walls)*1e3:.0f} ms unprofiled (min {min(walls)*1e3:.0f}), "

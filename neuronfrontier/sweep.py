@@ -64,7 +64,8 @@ def run_result(run_dir) -> dict | None:
     "The run's result.json if it is complete and final (completed or diverged), else None."
     try: r = json.loads((Path(run_dir) / "result.json").read_text())
     except (OSError, ValueError): return None
-    return r if isinstance(r, dict) and r.get("status") in FINAL and "val_bpb" in r else None
+    if not isinstance(r, dict) or r.get("status") not in FINAL: return None
+    return r if r.get("val_bpb") is not None or r["status"] == "diverged" else None  # written before the evaluation: not final yet
 
 def available_cpus() -> list[int]:
     "The CPUs this process may run on."
