@@ -100,6 +100,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                      'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard._num': ('dashboard.html#_num', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard._on_cpu': ('dashboard.html#_on_cpu', 'neuronfrontier/dashboard.py'),
+                                          'neuronfrontier.dashboard._sigint_default': ( 'dashboard.html#_sigint_default',
+                                                                                        'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard._sse': ('dashboard.html#_sse', 'neuronfrontier/dashboard.py'),
                                           'neuronfrontier.dashboard._subcommands': ( 'dashboard.html#_subcommands',
                                                                                      'neuronfrontier/dashboard.py'),

@@ -481,6 +481,10 @@ def run_check(name: str, data) -> dict:
 # %% ../nbs/70_dashboard.ipynb #e4e751ac
 BUDGETS = (10, 30, 60, 120, 300, 600, 1800)
 
+def _sigint_default():
+    "In the child, before exec: SIGINT back to its default (a background job starts with it ignored, and Python keeps it ignored)."
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 class Launcher:
     "Starts at most one `neuronfrontier train` child process at a time under `root`, and stops it with SIGINT."
     def __init__(self, root, data, sets=()):
@@ -521,7 +525,8 @@ class Launcher:
                                                             command=["neuronfrontier", *cmd], started=time.time()), indent=1))
             with open(d / "train.log", "wb") as log:
                 self.proc = subprocess.Popen(_CLI + cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                             start_new_session=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                             preexec_fn=_sigint_default)  # Stop works even when the dashboard runs as a background job
             self.name = name
         return name
 
