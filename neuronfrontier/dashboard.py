@@ -9,10 +9,9 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName', 'run_path', 'read_new', 'is_run',
-           'scored', 'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report',
-           'is_sweep', 'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables',
-           'md_paragraph', 'tour', 'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve',
-           'LiveRun', 'live']
+           'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report', 'is_sweep',
+           'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour',
+           'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
@@ -65,9 +64,7 @@ def _load_json(p) -> dict | None:
 
 def is_run(d: Path) -> bool: return any((Path(d) / f).is_file() for f in RUN_FILES)
 
-def scored(res: dict | None) -> bool:
-    "Whether a `result.json` is the final one: `train` writes it before evaluating (val_bpb null) and again after; a diverged run is not evaluated."
-    return res is not None and (res.get("val_bpb") is not None or res.get("status") == "diverged")
+from .sweep import scored  # is a result.json the final one (the sweep's resume test uses it too)
 
 def _age(p) -> float:
     "Seconds since `p` was last written (infinite if it does not exist)."
