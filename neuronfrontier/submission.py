@@ -145,7 +145,7 @@ def _refs(node, aliases, scopes=(), cls=None, lazy=False, out=None, drops=None, 
     elif isinstance(node, (ast.Import, ast.ImportFrom)) and scopes and _pkg_module(node) is not None:
         drops.append(node)
         for al in node.names:
-            if al.asname and al.asname != al.name: raise ExportError(f"line {node.lineno}: `import ... as {al.asname}` of a package name; import it under its own name")
+            if al.asname and al.asname != al.name: raise ExportError(f"{node.lineno}: `import ... as {al.asname}` of a package name; import it under its own name")
             local_imports[al.name] = _pkg_module(node)
     elif isinstance(node, ast.AnnAssign):  # annotations are never evaluated (`from __future__ import annotations`)
         go(node.target)
@@ -167,6 +167,7 @@ class _Stmt:
     local_imports: dict
     first: int
     last: int
+    error: str | None = None   # what makes it unbundlable; an error only if the bundle needs it
 
 @dataclass
 class _Module:
@@ -223,7 +224,9 @@ def _parse_module(name: str) -> _Module:
         while first > 1 and mod.lines[first - 2].strip().startswith(b"#") and not mod.lines[first - 2].startswith(b"# %%"): first -= 1
         mod.stmts.append(_Stmt(name, node, names, [], [], {}, first, node.end_lineno))
     aliases = {n: t[1] for n, t in mod.env.items() if t[0] == "mod"}
-    for st in mod.stmts: st.refs, st.drops, st.local_imports = _refs(st.node, aliases)
+    for st in mod.stmts:
+        try: st.refs, st.drops, st.local_imports = _refs(st.node, aliases)
+        except ExportError as e: st.error = f"{PKG}/{name}.py:{e}"
     return mod
 
 # %% ../nbs/95_submission.ipynb #9c01f2d3
@@ -259,6 +262,7 @@ def _reachable(mods: dict, defs: dict, skip_refs: set) -> tuple[list, dict, dict
             if id(st) in kept: continue
             kept.add(id(st))
             if (st.module, st.names[0]) in skip_refs: continue
+            if st.error: errors.append(st.error); continue
             for r in st.refs:
                 t = _resolve(mods, r.module or st.module, r.name, None if r.module else st.local_imports)
                 at = f"{PKG}/{st.module}.py:{r.node.lineno}"
