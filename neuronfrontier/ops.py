@@ -58,9 +58,11 @@ def _load_kernels():
     if _state["kernels_loaded"]: return
     _state["kernels_loaded"] = True
     for mod in _KERNEL_MODULES:
-        try: importlib.import_module(mod)
+        try: m = importlib.import_module(mod)
         except ImportError as e:
             if e.name is None or not mod.startswith(e.name): raise  # only "this kernel is not there yet" is tolerated
+            continue
+        if hasattr(m, "install"): m.install(register)  # a submission's kernel package (nf_kernels) registers into this table
 
 def resolve(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."

@@ -12,8 +12,9 @@ from .train import train, process_start_ns, env_world
 # %% auto #0
 __all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'ALLOWED_NPROC', 'ALLOWED_LNC', 'ALLOWED_PACKAGES',
            'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS', 'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'PKG', 'BUNDLED',
-           'ROOTS', 'CHECK_TOL', 'CHECKS', 'submission_main', 'ExportError', 'scan_imports', 'unresolved_names',
-           'provenance', 'bundle', 'launch_line', 'export', 'check_launch', 'check', 'check_table']
+           'ROOTS', 'KERNEL_PACKAGE', 'CHECK_TOL', 'CHECKS', 'submission_main', 'ExportError', 'scan_imports',
+           'unresolved_names', 'provenance', 'bundle', 'kernel_modules', 'bundle_names', 'ship_kernels', 'launch_line',
+           'export', 'check_launch', 'check', 'check_table']
 
 # %% ../nbs/95_submission.ipynb #b3bbb388
 KIT_DATA_DIR = "~/.cache/autoresearch/data"            # the kit's parquet shards (autoresearch `prepare.py`)
@@ -68,13 +69,14 @@ PKG = "neuronfrontier"
 BUNDLED = ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")
 ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
-def _overrides(config, recipe, sets, data_dir, tokenizer_dir) -> dict:
+def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
     return {("submission", "CONFIG"): (config, "baked by neuronfrontier export"),
             ("submission", "RECIPE"): (recipe, "baked by neuronfrontier export"),
             ("submission", "SETS"): (tuple(sets), "baked by neuronfrontier export"),
             ("submission", "DATA_DIR"): (str(data_dir), "default of --data"),
             ("submission", "TOKENIZER_DIR"): (str(tokenizer_dir), "default of --tokenizer"),
-            ("ops", "_KERNEL_MODULES"): ((), "a submission ships no kernel modules: every op runs its torch implementation")}
+            ("ops", "_KERNEL_MODULES"): (((kernel_package,), "the NKI kernels shipped beside train.py (trn2 only)") if kernel_package
+                                         else ((), "no NKI kernels shipped: every op runs its torch implementation"))}
 
 # %% ../nbs/95_submission.ipynb #ca606681
 _COMPS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
@@ -250,7 +252,7 @@ def _resolve(mods: dict, module: str, name: str, local_imports=None) -> tuple | 
     if t[0] == "mod" and t[1] not in mods: return ("missing", t[1])
     return t
 
-def _reachable(mods: dict, defs: dict, skip_refs: set) -> tuple[list, dict, dict]:
+def _reachable(mods: dict, defs: dict, skip_refs: set, roots=ROOTS) -> tuple[list, dict, dict]:
     """The statements the roots need (and registrations: statements decorated with a package function that touches something
     needed, like `@register(...)` filling the ops table), in notebook order;
     the resolution of every reference in them; the outside imports they use. Raises `ExportError` listing unresolved names."""
@@ -272,7 +274,7 @@ def _reachable(mods: dict, defs: dict, skip_refs: set) -> tuple[list, dict, dict
                 elif t[0] == "def": res[id(r.node)] = t[1:]; work.append(defs[t[1:]])
                 elif t[0] == "ext":
                     if ext.setdefault(r.name, t)[1] != t[1]: errors.append(f"{at}: {r.name!r} is {t[1]} here but {ext[r.name][1]} elsewhere")
-    for root in ROOTS: need(defs[root])
+    for root in roots: need(defs[root])
     def touches_kept(st):  # st is kept, or refers to something kept
         return id(st) in kept or any((t := _resolve(mods, r.module or st.module, r.name, st.local_imports)) and t[0] == "def"
                                      and id(defs[t[1:]]) in kept for r in st.refs)
@@ -286,7 +288,7 @@ def _reachable(mods: dict, defs: dict, skip_refs: set) -> tuple[list, dict, dict
                 if any((t := _resolve(mods, r.module or st.module, r.name)) and t[0] == "def" and touches_kept(defs[t[1:]]) for r in dec):
                     need(st); grew = True
     if errors: raise ExportError(f"{errors[0]}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-    order = [st for m in BUNDLED for st in mods[m].stmts if id(st) in kept]
+    order = [st for m in mods for st in mods[m].stmts if id(st) in kept]  # mods in notebook order
     return order, res, ext
 
 def _check_order(order: list, res: dict, defs: dict):
@@ -372,15 +374,18 @@ def _guarded(node, parents: dict) -> bool:
         child, p = p, parents.get(id(p))
     return False
 
-def scan_imports(src: str, local_modules=()) -> list[str]:
-    "Problems with the imports of a submission's source: anything but the standard library, torch, numpy, pyarrow, tiktoken, its own files, and guarded Neuron packages."
+def scan_imports(src: str, local_modules=(), relative: bool = False) -> list[str]:
+    """Problems with the imports of a submission's source: anything but the standard library, torch, numpy, pyarrow, tiktoken,
+    its own files, and guarded Neuron packages; relative imports only with `relative` (files inside the submission's packages)."""
     tree = ast.parse(src)
     parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
     out = []
     for n in ast.walk(tree):
         if isinstance(n, ast.Import): mods = [a.name for a in n.names]
         elif isinstance(n, ast.ImportFrom):
-            if n.level: out.append(f"line {n.lineno}: relative import `from {'.' * n.level}{n.module or ''} import ...`"); continue
+            if n.level:
+                if not relative: out.append(f"line {n.lineno}: relative import `from {'.' * n.level}{n.module or ''} import ...`")
+                continue
             mods = [n.module]
         elif (isinstance(n, ast.Call) and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)
               and (getattr(n.func, "attr", None) == "import_module" or getattr(n.func, "id", None) == "__import__")): mods = [n.args[0].value]
@@ -437,10 +442,12 @@ def provenance() -> dict:
     except (OSError, subprocess.SubprocessError): pass
     return {"version": __version__, "commit": commit or "unknown (not a git checkout)"}
 
-def bundle(config: str, recipe: str | None = None, sets=(), data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, title: str = "") -> str:
+def bundle(config: str, recipe: str | None = None, sets=(), data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, title: str = "",
+           kernel_package: str | None = None) -> str:
     """The source of a self-contained train.py: the package's own definitions that `submission_main` and `load_for_eval` need,
-    module by module in notebook order, comments kept, with `config`/`recipe`/`sets` and the data paths baked in."""
-    overrides = _overrides(config, recipe, sets, data_dir, tokenizer_dir)
+    module by module in notebook order, comments kept, with `config`/`recipe`/`sets` and the data paths baked in;
+    `kernel_package`: the NKI kernel package shipped beside it, imported when an op needs a kernel (None: torch ops only)."""
+    overrides = _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package)
     mods = {m: _parse_module(m) for m in BUNDLED}
     defs = {(st.module, n): st for mod in mods.values() for st in mod.stmts for n in st.names}
     order, res, ext = _reachable(mods, defs, set(overrides))
@@ -459,6 +466,121 @@ def bundle(config: str, recipe: str | None = None, sets=(), data_dir=KIT_DATA_DI
     _verify(src)
     return src
 
+# %% ../nbs/95_submission.ipynb #6dd94a7e
+KERNEL_PACKAGE = "nf_kernels"   # the directory a submission ships its NKI kernels in, beside train.py
+_SIM_NAMES = {"nki", "nl", "nisa", "simulate"}   # what the kernel modules may import from ..sim (the shim provides these)
+
+def _kernel_source(name: str) -> str | None:
+    "The source of kernel module `neuronfrontier.kernels.<name>`, or None when this version has no such module."
+    spec = importlib.util.find_spec(f"{PKG}.kernels.{name}")
+    return Path(spec.origin).read_text(encoding="utf-8") if spec else None
+
+def _kernel_imports(name: str, src: str) -> tuple[set, set, set]:
+    "(ops it registers an `nki` backend for, names it imports from ..hw, sibling kernel modules it imports); ExportError on any other package import."
+    ops_, hw, sibs = set(), set(), set()
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "register" and len(n.args) == 2 and all(isinstance(a, ast.Constant) for a in n.args):
+            if n.args[1].value == "nki": ops_.add(n.args[0].value)
+        if isinstance(n, ast.ImportFrom) and n.level:
+            names = {a.name for a in n.names}
+            if n.level == 2 and n.module is None and names == {"ops"}: continue
+            elif n.level == 2 and n.module == "hw": hw |= names
+            elif n.level == 2 and n.module == "sim" and names <= _SIM_NAMES: continue
+            elif n.level == 1 and n.module: sibs.add(n.module)
+            else: raise ExportError(f"{PKG}/kernels/{name}.py:{n.lineno}: `from {'.' * n.level}{n.module or ''} import {', '.join(sorted(names))}` has no counterpart in {KERNEL_PACKAGE}")
+        elif isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] == PKG or isinstance(n, ast.Import) and any(a.name.split(".")[0] == PKG for a in n.names):
+            raise ExportError(f"{PKG}/kernels/{name}.py:{n.lineno}: an absolute import of {PKG}; kernel modules import the package relatively")
+    return ops_, hw, sibs
+
+def kernel_modules(kernels: str) -> list[str]:
+    """The kernel modules (names under neuronfrontier.kernels) a submission with `--set kernels=...` ships: those registering an
+    `nki` backend for an op set to `auto` or `nki`, and the kernel modules they import; in the package's order."""
+    from neuronfrontier.ops import parse_backend, _KERNEL_MODULES
+    spec = parse_backend(kernels)
+    if sim := sorted(op for op, b in spec.items() if b == "nki-sim"):
+        raise ValueError(f"kernels={kernels}: nki-sim ({', '.join(sim)}) runs the kernels in this package's CPU simulator, "
+                         f"which a submission does not ship; use nki or auto (NKI on trn2, PyTorch elsewhere) or torch")
+    info = {}
+    for full in _KERNEL_MODULES:
+        name = full.rsplit(".", 1)[-1]
+        if (src := _kernel_source(name)) is not None: info[name] = _kernel_imports(name, src)
+    want = {m for m, (ops_, _, _) in info.items() if any(spec.get(op) in ("auto", "nki") for op in ops_)}
+    while extra := {s for m in want for s in info[m][2]} - want:
+        if missing := extra - set(info): raise ExportError(f"kernel modules {sorted(want)} import {sorted(missing)}, which is not a kernel module here")
+        want |= extra
+    return [m for m in info if m in want]
+
+# %% ../nbs/95_submission.ipynb #82616947
+_KP_INIT = '''"""NKI kernels of a NeuronFrontier-LM submission, for trn2: {modules}.
+
+`kernels/` holds verbatim copies of neuronfrontier.kernels.* from neuronfrontier {version} (git commit {commit}): the kernel
+source validated in the package's NKI simulator. train.py's ops import this package the first time an op may need a
+kernel and call `install(register)`; without the Neuron SDK the import raises ImportError and train.py runs PyTorch ops."""
+import importlib
+from . import sim, ops   # sim raises ImportError unless the real nki is importable
+
+MODULES = {modules!r}
+
+def install(register):
+    "Hand train.py's `register(op, backend)` to the kernel modules and import them: each registers its backends, as in the package."
+    ops.register = register
+    for m in MODULES: importlib.import_module(f"{{__name__}}.kernels.{{m}}")
+'''
+
+_KP_OPS = '''"""What the kernel modules use of the package's ops module: the op table's `register` (train.py's, set by `install`) and TorchNeuron."""
+
+register = None   # train.py's register(op, backend) decorator, set by nf_kernels.install before any kernel module is imported
+
+
+def torch_neuronx_module():
+    "`torch_neuronx` (TorchNeuron, trn2), else None; never raises."
+    try:
+        import torch_neuronx
+        return torch_neuronx
+    except ImportError:
+        return None
+'''
+
+_KP_SIM = '''"""The real NKI 0.6: the names the kernel modules import from neuronfrontier.sim (which, off trn2, is the package's simulator)."""
+try:
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+except ImportError as e:
+    raise ImportError(f"nf_kernels runs on trn2 only: the Neuron SDK's nki is not importable ({{e}})", name="{package}") from None
+
+simulate = nki.simulate   # the kernel modules' nki-sim backends: NKI's own simulator here
+'''
+
+def bundle_names(module: str, names) -> str:
+    "Source of a module holding the definitions of `names` from package module `module` and what they need of it (bundled, comments kept)."
+    mods = {module: _parse_module(module)}
+    defs = {(st.module, n): st for st in mods[module].stmts for n in st.names}
+    if missing := sorted(n for n in names if (module, n) not in defs): raise ExportError(f"{PKG}/{module}.py defines no {', '.join(missing)}")
+    order, res, ext = _reachable(mods, defs, set(), [(module, n) for n in sorted(names)])
+    _check_order(order, res, defs)
+    final = _final_names(order, ext)
+    if renamed := sorted(n for n in names if final[(module, n)] != n): raise ExportError(f"{PKG}/{module}.py: {', '.join(renamed)} would be renamed in the bundle")
+    src = "\n\n".join(["from __future__ import annotations", _import_block(ext)] + [_emit(mods[module], st, res, final, {}) for st in order]) + "\n"
+    if problems := unresolved_names(src): raise ExportError(f"the bundled {module}.py has undefined names: {problems[0]}")
+    return src
+
+def ship_kernels(out_dir, names, prov: dict | None = None) -> list[Path]:
+    "Write `nf_kernels/` into `out_dir`: kernel modules `names` verbatim, hw's definitions they import, the ops and sim files; returns the files written."
+    import shutil
+    prov = prov or provenance()
+    srcs = {n: _kernel_source(n) for n in names}
+    hw = set().union(*(_kernel_imports(n, s)[1] for n, s in srcs.items()))
+    files = {"__init__.py": _KP_INIT.format(modules=tuple(names), **prov), "ops.py": _KP_OPS, "sim.py": _KP_SIM.format(package=KERNEL_PACKAGE),
+             "hw.py": f'"""The definitions of {PKG}.hw the kernel modules import ({", ".join(sorted(hw))}), bundled from {PKG}/hw.py."""\n\n' + bundle_names("hw", hw),
+             "kernels/__init__.py": '"The package\'s NKI kernel modules, verbatim: each registers its op\'s backends when imported."\n',
+             **{f"kernels/{n}.py": s for n, s in srcs.items()}}
+    root = Path(out_dir) / KERNEL_PACKAGE
+    shutil.rmtree(root, ignore_errors=True)   # no stale kernel from an earlier export
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True); (root / rel).write_text(text)
+    return [root / rel for rel in files]
+
 # %% ../nbs/95_submission.ipynb #359ba83d
 def launch_line(nproc: int = 8, lnc: int = 1) -> str:
     "The launch command the organisers run: `NEURON_LOGICAL_NC_CONFIG=lnc torchrun --standalone --nproc_per_node=nproc train.py`."
@@ -466,8 +588,10 @@ def launch_line(nproc: int = 8, lnc: int = 1) -> str:
     if lnc not in ALLOWED_LNC: raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={nproc} train.py"
 
-def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir) -> str:
+def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=()) -> str:
     from neuronfrontier.config import config_dict
+    ops_line = (f"the NKI kernels in `{KERNEL_PACKAGE}/` ({', '.join(kmods)}: verbatim copies of the package's kernel modules) on trn2,\n"
+                f"  PyTorch elsewhere (`--set kernels=...`: {tcfg.kernels})" if kmods else "plain PyTorch (no NKI kernel files are shipped)")
     return f"""# Submission: `{config}`{f' + {recipe}' if recipe else ''}
 
 Generated by `neuronfrontier export` from neuronfrontier {prov['version']} (git commit {prov['commit']}); `train.py` is bundled
@@ -490,7 +614,7 @@ The scorer loads the checkpoint with `load_for_eval(checkpoint_path, device)`, d
 - model: {mcfg.n_params()/1e6:.2f}M parameters (computed from the config), {mcfg.n_layers} layers × d_model {mcfg.d_model}
   ({mcfg.n_heads} heads × {mcfg.d_head}), MLP {mcfg.mlp} {mcfg.d_mlp}, sequence length {mcfg.seq_len}, vocabulary {mcfg.vocab_size}
 - training: {tcfg.optim}, schedule {tcfg.schedule}, {tcfg.dtype}, {tcfg.batch_size} rows per process per micro-batch × {tcfg.grad_accum},
-  ops backend: plain PyTorch (no NKI kernel files are shipped)
+  ops: {ops_line}
 - overrides on top of the preset: {', '.join(sets) if sets else 'none'}
 
 No measured figures are claimed here: run `neuronfrontier check .` before submitting, and read `out/result.json` after a run.
@@ -504,22 +628,23 @@ No measured figures are claimed here: run `neuronfrontier check .` before submit
 
 def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1,
            data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR) -> Path:
-    "Write a submission into `out_dir`: train.py (bundled, the config baked in), launch.txt and README.md; returns `out_dir`."
+    "Write a submission into `out_dir`: train.py (bundled, the config baked in), nf_kernels/ (when an op runs NKI on trn2), launch.txt and README.md; returns `out_dir`."
+    import shutil
     from neuronfrontier.config import resolve
-    from neuronfrontier.ops import parse_backend
     mcfg, tcfg = resolve(config, recipe, sets)  # a bad config, recipe or override fails here, in one line
-    nki = sorted({b for b in parse_backend(tcfg.kernels).values() if b in ("nki", "nki-sim")})
-    if nki: raise ValueError(f"kernels={tcfg.kernels}: a submission does not ship NKI kernel files yet; export with --set kernels=auto (torch ops)")
+    kmods = kernel_modules(tcfg.kernels)        # the NKI kernel files it ships; nki-sim refused here
     launch, prov = launch_line(nproc, lnc), provenance()
     title = (f"A NeuronFrontier-LM submission: {config}{f' + {recipe}' if recipe else ''}{f' with {list(sets)}' if sets else ''}.\n\n"
              f"Generated by `neuronfrontier export` from neuronfrontier {prov['version']} (git commit {prov['commit']}) out of the\n"
              f"package's own modules, in notebook order; do not edit (change the package and export again).\n\n"
              f"Launch: {launch}\nScoring: load_for_eval(checkpoint_path, device) -> eval-mode model, tokens [B, T] -> logits [B, T, V].")
-    src = bundle(config, recipe, sets, data_dir, tokenizer_dir, title)
+    src = bundle(config, recipe, sets, data_dir, tokenizer_dir, title, KERNEL_PACKAGE if kmods else None)
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    if kmods: ship_kernels(out, kmods, prov)
+    else: shutil.rmtree(out / KERNEL_PACKAGE, ignore_errors=True)
     (out / "train.py").write_text(src)
     (out / "launch.txt").write_text(launch + "\n")
-    (out / "README.md").write_text(_readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir))
+    (out / "README.md").write_text(_readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods))
     return out
 
 # %% ../nbs/95_submission.ipynb #468ddcd3
@@ -651,10 +776,14 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
     if not d.is_dir(): raise FileNotFoundError(f"{d}: no such directory; export a submission with `neuronfrontier export --out {d}`")
     if not (d / "train.py").is_file(): raise FileNotFoundError(f"{d}: no train.py; export one with `neuronfrontier export --out {d}`")
     src = (d / "train.py").read_text()
-    rows = []
-    try: problems = scan_imports(src, {p.stem for p in d.glob("*.py")} - {"train"})
-    except SyntaxError as e: problems = [f"train.py does not parse: {e}"]
-    rows.append(("imports", not problems, "stdlib, torch, numpy, pyarrow, tiktoken only" if not problems else "; ".join(problems[:3])))
+    rows, problems = [], []
+    local = ({p.stem for p in d.glob("*.py")} - {"train"}) | {p.parent.name for p in d.glob("*/__init__.py")}
+    files = [d / "train.py"] + sorted(p for p in d.rglob("*.py") if p.parent != d and (p.parent / "__init__.py").exists())
+    for f in files:  # train.py, and the files of the packages it ships (nf_kernels/: relative imports within it)
+        try: problems += [f"{f.relative_to(d)}: {p}" for p in scan_imports(f.read_text(), local, relative=f.parent != d)]
+        except SyntaxError as e: problems.append(f"{f.relative_to(d)} does not parse: {e}")
+    rows.append(("imports", not problems, ("stdlib, torch, numpy, pyarrow, tiktoken only" + (f" (train.py and {len(files) - 1} files of {', '.join(sorted(local))})" if len(files) > 1 else ""))
+                 if not problems else "; ".join(problems[:3])))
     launch = d / "launch.txt"
     rows.append(("launch", *(check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt"))))
     data = Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve()  # the 1-step run starts in sub_dir

@@ -40,6 +40,10 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")]
     assert "# one decision for all ranks" in src and "def ops_resolve(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
+    # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
+    assert "_KERNEL_MODULES = ('nf_kernels',)" in src
+    for n in ("rmsnorm", "swiglu", "attention", "cross_entropy"):
+        assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == S._kernel_source(n)
 
 
 def test_exported_train_py_matches_neuronfrontier_train(sub, pydocs, tmp_path):
@@ -103,6 +107,7 @@ BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must f
     "forbidden import": (("train.py", "\n\ndef _plot():\n    import matplotlib.pyplot\n"), "imports", "`matplotlib.pyplot` is not allowed"),
     "neuronfrontier import": (("train.py", "\n\ndef _helper():\n    from neuronfrontier.model import GPT\n"), "imports", "`neuronfrontier.model` is not allowed"),
     "unguarded neuron import": (("train.py", "\n\ndef _kernels():\n    import torch_neuronx\n"), "imports", "without a try/except ImportError guard"),
+    "forbidden import in a kernel file": (("nf_kernels/kernels/rmsnorm.py", "\nimport requests\n"), "imports", "nf_kernels/kernels/rmsnorm.py: line"),
     "bad launch line": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py | tee log\n"), "launch", "shell operator '|'"),
     "two processes": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=2 train.py\n"), "launch", "--nproc_per_node=2: allowed are 1, 4, 8"),
     "no load_for_eval": (("train.py", "\ndel load_for_eval\n"), "load_for_eval", "defines no function load_for_eval"),
@@ -123,7 +128,7 @@ def test_check_fails_each_broken_fixture(sub, tmp_path, name):
     d = tmp_path / "broken"
     shutil.copytree(sub[0], d)
     p = d / fname
-    p.write_text(p.read_text() + edit if fname == "train.py" else edit)
+    p.write_text(p.read_text() + edit if fname.endswith(".py") else edit)
     rows = {n: (ok, reason) for n, ok, reason in S.check(d)}
     failed = [n for n, (ok, _) in rows.items() if not ok]
     print(name, "->", {n: rows[n] for n in failed})
@@ -140,7 +145,7 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
     for args, msg in [(("check", tmp_path / "nowhere"), "no such directory"), (("check", tmp_path), "no train.py"),
                       (("export", "--config", "cpu-micro", "--nproc", "2", "--out", tmp_path / "x"), "--nproc 2: a submission launches 1, 4 or 8"),
                       (("export", "--config", "cpu-micro", "--lnc", "3", "--out", tmp_path / "x"), "--lnc 3"),
-                      (("export", "--config", "cpu-micro", "--set", "kernels=nki", "--out", tmp_path / "x"), "does not ship NKI kernel files")]:
+                      (("export", "--config", "cpu-micro", "--set", "kernels=nki-sim", "--out", tmp_path / "x"), "runs the kernels in this package's CPU simulator")]:
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): code = main([str(a) for a in args])
         assert code == 2 and msg in err.getvalue() and err.getvalue().count("\n") == 1, (args, err.getvalue())
