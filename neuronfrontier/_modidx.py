@@ -708,6 +708,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'neuronfrontier/submission.py'),
                                            'neuronfrontier.submission.launch_line': ( 'submission.html#launch_line',
                                                                                       'neuronfrontier/submission.py'),
+                                           'neuronfrontier.submission.ops_used': ( 'submission.html#ops_used',
+                                                                                   'neuronfrontier/submission.py'),
                                            'neuronfrontier.submission.provenance': ( 'submission.html#provenance',
                                                                                      'neuronfrontier/submission.py'),
                                            'neuronfrontier.submission.scan_imports': ( 'submission.html#scan_imports',
