@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from .config import ModelConfig, CONFIGS
 from . import ops
+from .moe import MoE
 
 # %% auto #0
 __all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'Attention', 'MLP', 'Block', 'GPT']
@@ -57,21 +58,25 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_mlp: int | None = None):
         super().__init__()
-        self.w_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
-        self.w_up = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
-        self.w_down = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
+        d_mlp = d_mlp or cfg.d_mlp
+        self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False)
+        self.w_up = nn.Linear(cfg.d_model, d_mlp, bias=False)
+        self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
     def forward(self, x): return self.w_down(ops.swiglu(x, self.w_gate.weight, self.w_up.weight))
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
+        moe = layer in cfg.moe_layer_ids
         self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg)
-        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MLP(cfg)
+        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MoE(cfg) if moe else MLP(cfg)
+        self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert) if moe and cfg.n_shared_experts else None
     def forward(self, x, cos, sin):
         x = x + self.attn(self.norm1(x), cos, sin)
-        return x + self.mlp(self.norm2(x))
+        h = self.norm2(x)
+        return x + self.mlp(h) + (self.shared(h) if self.shared is not None else 0)
 
 # %% ../nbs/02_model.ipynb #bf52aba2
 class GPT(nn.Module):
@@ -80,7 +85,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg.validate()
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         self._rope = {}
@@ -90,10 +95,21 @@ class GPT(nn.Module):
     def reset_parameters(self):
         nn.init.normal_(self.wte.weight, std=1.0)
         for name, p in self.named_parameters():
-            if p.ndim == 2 and name != "wte.weight": nn.init.normal_(p, std=p.shape[1] ** -0.5)
+            if p.ndim in (2, 3) and name != "wte.weight": nn.init.normal_(p, std=p.shape[-2 if p.ndim == 3 else 1] ** -0.5)
             elif p.ndim == 1: nn.init.ones_(p)
-        for b in self.blocks: nn.init.zeros_(b.attn.wo.weight); nn.init.zeros_(b.mlp.w_down.weight)
+        for b in self.blocks:
+            for name, p in b.named_parameters():
+                if name.endswith(("wo.weight", "w_down.weight", "w_down")): nn.init.zeros_(p)   # blocks start as the identity
         nn.init.normal_(self.lm_head.weight, std=1e-3)
+
+    @property
+    def moe_layers(self) -> list[MoE]:
+        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoE)]
+
+    def after_step(self):
+        "Called after each optimizer step: the loss-free balancing update of `balance='bias'` routers."
+        for m in self.moe_layers:
+            if m.cfg.balance == "bias": m.update_bias()
 
     def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (T, str(device))
@@ -115,7 +131,9 @@ class GPT(nn.Module):
         return logits
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`."
+        "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`; training adds the MoE balancing terms."
         h = self.hidden(idx)
-        return ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                 softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                               softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
+        return ce
