@@ -238,6 +238,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'neuronfrontier.model.GPT.hidden': ('model.html#gpt.hidden', 'neuronfrontier/model.py'),
                                       'neuronfrontier.model.GPT.loss': ('model.html#gpt.loss', 'neuronfrontier/model.py'),
                                       'neuronfrontier.model.GPT.moe_layers': ('model.html#gpt.moe_layers', 'neuronfrontier/model.py'),
+                                      'neuronfrontier.model.GPT.moe_stats': ('model.html#gpt.moe_stats', 'neuronfrontier/model.py'),
                                       'neuronfrontier.model.GPT.reset_parameters': ( 'model.html#gpt.reset_parameters',
                                                                                      'neuronfrontier/model.py'),
                                       'neuronfrontier.model.GPT.rope': ('model.html#gpt.rope', 'neuronfrontier/model.py'),

@@ -111,6 +111,15 @@ class GPT(nn.Module):
         for m in self.moe_layers:
             if m.cfg.balance == "bias": m.update_bias()
 
+    def moe_stats(self) -> dict:
+        """Routing of the last training batch, for the log: assignments per expert of each MoE layer (`moe_load`), the
+        mean over layers of max/mean load (`moe_imbalance`, 1 = balanced) and the dropped share of assignments."""
+        if not self.moe_layers: return {}
+        load = torch.stack([m.stats["counts"] for m in self.moe_layers]).float()
+        dropped = sum(float(m.stats["dropped"]) for m in self.moe_layers)
+        return dict(moe_load=load.long().tolist(), moe_imbalance=round((load.amax(1) / load.mean(1)).mean().item(), 4),
+                    moe_dropped=round(dropped / load.sum().item(), 5))
+
     def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (T, str(device))
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}

@@ -100,8 +100,9 @@ class Muon(torch.optim.Optimizer):
 
     @staticmethod
     def shape_scale(shape) -> float:
-        "√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest)."
-        rows, cols = shape[0], math.prod(shape[1:])
+        """√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest); for a 3-D stack of
+        expert matrices [E, in, out] (x @ W layout) that of one expert, rows = out = shape[2], cols = in = shape[1]."""
+        rows, cols = (shape[2], shape[1]) if len(shape) == 3 else (shape[0], math.prod(shape[1:]))
         return max(1.0, rows / cols) ** 0.5
 
     @torch.no_grad()
@@ -119,7 +120,7 @@ class Muon(torch.optim.Optimizer):
                 if "momentum_buffer" not in st: st["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf = st["momentum_buffer"].mul_(mu).add_(p.grad)
                 u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                u = u.reshape(len(u), -1)
+                if p.ndim != 3: u = u.reshape(len(u), -1)   # 3-D: a stack of expert matrices, each orthogonalised
                 buckets.setdefault(tuple(u.shape), []).append((p, u))
             for shape, items in buckets.items():
                 K = len(items)
@@ -142,6 +143,7 @@ class Muon(torch.optim.Optimizer):
 
 # %% ../nbs/20_optim.ipynb #74ae1bf1
 def _role(name: str, p: Tensor) -> str:
+    if ".router." in name: return "router"   # MoE router: AdamW (its rows are per-expert score directions, not a map)
     if name.startswith("blocks.") and p.ndim >= 2: return "block"
     if name.startswith("wte."): return "embed"
     if name.startswith("lm_head."): return "head"
@@ -152,7 +154,7 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
     "Split `model`'s parameters into Muon (2D block weights, when `recipe.optim == 'muon'`) and AdamW groups; return the optimizers."
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
-    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "embed": recipe.embed_lr,
+    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr,
            "head": recipe.head_lr, "scalar": recipe.scalar_lr}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
@@ -212,6 +214,12 @@ def ns_flops(shape, steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 def muon_shapes(cfg) -> list[tuple[int, int]]:
-    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT."
-    d, a, f = cfg.d_model, cfg.d_attn, cfg.d_mlp
-    return cfg.n_layers * [(a, d), (a, d), (a, d), (d, a), (f, d), (f, d), (d, f)]
+    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (each expert of an MoE layer counted as its own matrices)."
+    d, a = cfg.d_model, cfg.d_attn
+    out = []
+    for i in range(cfg.n_layers):
+        moe = i in cfg.moe_layer_ids
+        mlps = ([(cfg.d_expert, cfg.n_experts)] + ([(cfg.n_shared_experts * cfg.d_expert, 1)] if cfg.n_shared_experts else [])
+                if moe else [(cfg.d_mlp, 1)])
+        out += [(a, d), (a, d), (a, d), (d, a)] + [s for f, n in mlps for s in n * [(f, d), (f, d), (d, f)]]
+    return out

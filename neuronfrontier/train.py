@@ -85,6 +85,7 @@ def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device) 
         for g in o.param_groups: g["lr"] = g["initial_lr"] * lr_mult
         o.step()
     for o in opts: o.zero_grad(set_to_none=True)
+    model.after_step()          # e.g. the loss-free balancing bias of MoE routers
     return total
 
 # %% ../nbs/30_train.ipynb #e1d69476
@@ -199,7 +200,7 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
                 dt = (state["train_ns"] - log_t0) / 1e9
                 tok_s = (state["tokens"] - log_tok0) / max(dt, 1e-9)
                 rec = {"step": state["step"], "time_s": round(state["train_ns"] / 1e9, 4), "loss": last_loss, "lr_mult": round(mult, 5),
-                       "tokens": state["tokens"], "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, fpt, hwn)}
+                       "tokens": state["tokens"], "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, fpt, hwn), **model.moe_stats()}
                 mf.write(json.dumps(rec) + "\n"); mf.flush()
                 prog.update(rec, state["train_ns"] / 1e9)
                 if callback is not None and callback(rec): interrupted["flag"] = True

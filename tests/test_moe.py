@@ -1,0 +1,82 @@
+"The MoE layer against a plain per-token reference (a loop over tokens and their top-k experts), forward and backward."
+import math
+from dataclasses import replace
+import pytest
+import torch
+import torch.nn.functional as F
+from neuronfrontier.config import ModelConfig
+from neuronfrontier.moe import MoE
+from neuronfrontier.testing import rel_err
+
+
+def reference_moe(x, layer: MoE, capacity: int | None):
+    "y[n] = Σ_j w[n, j] · SwiGLU_{e(n, j)}(x[n]) over the kept assignments; drops in slot-major priority order."
+    cfg = layer.cfg
+    logits = x @ layer.router.weight.t()
+    scores = logits.softmax(-1) if cfg.router == "softmax" else logits.sigmoid()
+    N = x.shape[0]
+    y = [torch.zeros_like(x[0]) for _ in range(N)]
+    taken = [0] * cfg.n_experts
+    choices = []
+    for n in range(N):
+        pick = scores[n] + (layer.router.bias if cfg.balance == "bias" else 0)
+        e = sorted(range(cfg.n_experts), key=lambda i: -float(pick[i].detach()))[:cfg.top_k]
+        w = torch.stack([scores[n, i] for i in e])
+        if cfg.top_k > 1 or cfg.router == "sigmoid": w = w / w.sum()
+        choices.append((e, w))
+    for j in range(cfg.top_k):                      # every token's first choice before any second choice
+        for n in range(N):
+            e, w = choices[n][0][j], choices[n][1][j]
+            if capacity is not None and taken[e] >= capacity: continue
+            taken[e] += 1
+            h = F.silu(x[n] @ layer.w_gate[e]) * (x[n] @ layer.w_up[e])
+            y[n] = y[n] + w * (h @ layer.w_down[e])
+    return torch.stack(y)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    "Hundreds of tiny per-token matmuls: threads only add overhead (and the CI machine has 2 cores)."
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _layer(seed=0, **kw):
+    cfg = replace(ModelConfig(d_model=128, n_layers=1, n_heads=2, d_head=64, d_mlp=256, seq_len=128),
+                  n_experts=6, top_k=3, d_expert=256, **kw).validate()
+    torch.manual_seed(seed)
+    m = MoE(cfg)
+    with torch.no_grad(): m.w_down.normal_(0, 256 ** -0.5)     # nonzero so every weight gets a gradient
+    return m
+
+
+@pytest.mark.parametrize("kw", [dict(capacity_factor=None), dict(capacity_factor=0.5),
+                                dict(capacity_factor=0.8, router="sigmoid", balance="bias")])
+def test_moe_matches_per_token_reference(kw):
+    m = _layer(**kw).train()
+    if kw.get("balance") == "bias": m.router.bias.copy_(torch.linspace(-0.05, 0.05, 6))
+    N = 300                                                     # not a multiple of 128; > 128 per expert
+    x = torch.randn(N, 128, requires_grad=True)
+    y = m(x)
+    cap = None if kw["capacity_factor"] is None else math.ceil(kw["capacity_factor"] * N * 3 / 6 / 128) * 128
+    if cap is not None:
+        assert m.stats["dropped"] > 0, "the capacity case must actually drop assignments"
+    xr = x.detach().clone().requires_grad_(True)
+    yr = reference_moe(xr, m, cap)
+    assert rel_err(y, yr) < 1e-6, rel_err(y, yr)
+    g = torch.randn_like(y)
+    params = [m.router.weight, m.w_gate, m.w_up, m.w_down]
+    gy = torch.autograd.grad(y, [x] + params, g)
+    gr = torch.autograd.grad(yr, [xr] + params, g)
+    for name, a, b in zip(["x", "router", "w_gate", "w_up", "w_down"], gy, gr):
+        assert rel_err(a, b) < 1e-5, (name, rel_err(a, b))
+
+
+def test_eval_is_dropless_and_batch_independent():
+    "At evaluation no capacity applies: a token's output does not depend on the other tokens of the batch."
+    m = _layer(capacity_factor=0.25).eval()
+    x = torch.randn(256, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x)[:10], m(x[:10]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(m(x), reference_moe(x, m, None), rtol=1e-5, atol=1e-5)
