@@ -96,11 +96,15 @@ def _eval(a) -> int:
 def _info(a) -> int:
     from neuronfrontier.config import CONFIGS, resolve
     names = [a.config] if a.config else list(CONFIGS)
-    print(f"{'config':12s} {'params':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  layers x d_model (heads x d_head), d_mlp, seq  tiles")
+    print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
+          f"layers x d_model (heads x d_head), MLP, seq  tiles")
     for n in names:
         m, _ = resolve(n, None, a.sets)
-        print(f"{n:12s} {m.n_params()/1e6:8.2f}M {m.n_params(False)/1e6:8.2f}M {m.flops_per_token()/1e6:10.1f}  "
-              f"{m.n_layers} x {m.d_model} ({m.n_heads} x {m.d_head}), {m.d_mlp}, {m.seq_len}  ok (multiples of 128)")
+        mlp = (f"{m.n_experts} experts x {m.d_expert} top-{m.top_k}" + (f" +{m.n_shared_experts} shared" if m.n_shared_experts else "")
+               if m.n_experts else f"{m.d_mlp}")
+        print(f"{n:12s} {m.n_params()/1e6:8.2f}M {m.n_params(active=True)/1e6:8.2f}M {m.n_params(False)/1e6:8.2f}M "
+              f"{m.flops_per_token()/1e6:10.1f}  {m.n_layers} x {m.d_model} ({m.n_heads} x {m.d_head}), {mlp}, {m.seq_len}  "
+              f"ok (multiples of 128)")
     return 0
 
 def main(argv=None) -> int:
