@@ -334,6 +334,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'neuronfrontier.sim.NkiTensor.__setitem__': ( 'nki_sim.html#nkitensor.__setitem__',
                                                                                   'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.NkiTensor._dim': ('nki_sim.html#nkitensor._dim', 'neuronfrontier/sim.py'),
+                                    'neuronfrontier.sim.NkiTensor._dynamic_select': ( 'nki_sim.html#nkitensor._dynamic_select',
+                                                                                      'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.NkiTensor._of': ('nki_sim.html#nkitensor._of', 'neuronfrontier/sim.py'),
                                     'neuronfrontier.sim.NkiTensor._onchip_dim': ( 'nki_sim.html#nkitensor._onchip_dim',
                                                                                   'neuronfrontier/sim.py'),
