@@ -15,7 +15,7 @@ from . import ops
 
 # %% auto #0
 __all__ = ['BLOCK', 'EXPERT_IMPL', 'expert_capacity', 'Router', 'balance_losses', 'Dispatch', 'dispatch', 'gather_rows',
-           'combine', 'grouped_mm_works', 'expert_mlp', 'MoE']
+           'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_parallel', 'ep_sync_grads', 'gather_experts']
 
 # %% ../nbs/05_moe.ipynb #7c7a87d7
 BLOCK = TILE   # rows of one expert block: the TensorEngine's 128 partitions
@@ -175,12 +175,12 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_up = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_down = nn.Parameter(torch.zeros(E, f, d))
-        self.ep_group, self.ep_size, self.ep_rank = None, 1, 0   # expert parallelism: see `shard_experts`
+        self.ep_group, self.ep_size, self.ep_rank = None, 1, 0   # expert parallelism (group None: the world): `expert_parallel`
         self.aux_loss, self.stats = None, {}
 
     def experts(self, xb: torch.Tensor, block_expert: torch.Tensor, capacity: int) -> torch.Tensor:
         "yb = the expert MLPs on the block buffer; with expert parallelism the blocks travel to their experts' ranks and back."
-        if self.ep_group is None: return ops.moe_mlp(xb, self.w_gate, self.w_up, self.w_down, block_expert)
+        if self.ep_size == 1: return ops.moe_mlp(xb, self.w_gate, self.w_up, self.w_down, block_expert)
         P, El, d = self.ep_size, self.w_gate.shape[0], xb.shape[1]
         xr = _AllToAll.apply(xb, self.ep_group)                          # [P·El·C]: rank s's rows for my experts
         xr = xr.view(P, El, capacity, d).transpose(0, 1).reshape(-1, d)  # each local expert's rows together
@@ -195,9 +195,9 @@ class MoE(nn.Module):
         # capacity only while training: at evaluation every token reaches its experts (dropping would make a token's
         # output depend on the other tokens of the batch, later ones included)
         cap = expert_capacity(x2.shape[0], cfg) if self.training else None
-        if self.ep_group is not None and cap is None:
+        if self.ep_size > 1 and cap is None:
             raise ValueError("expert parallelism exchanges fixed-capacity buffers: set capacity_factor and use train mode "
-                             "(gather the experts with gather_experts for evaluation)")
+                             "(gather_experts for evaluation)")
         disp = dispatch(idx, cfg.n_experts, cap)
         yb = self.experts(gather_rows(x2, disp), disp.block_expert, cap)
         y = combine(yb, disp, w).to(x.dtype)
@@ -215,3 +215,41 @@ class MoE(nn.Module):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1: dist.all_reduce(load)
         self.router.bias += self.cfg.bias_update_rate * torch.sign(load.mean() - load)
         load.zero_()
+
+# %% ../nbs/05_moe.ipynb #d44c412a
+def _moe_layers(model) -> list[MoE]: return [m for m in model.modules() if isinstance(m, MoE)]
+
+def expert_parallel(model: nn.Module, group=None) -> int:
+    """Shard the experts of every MoE layer of `model` over the ranks of `group` (default: the world): rank r keeps
+    experts r·E/P … (r+1)·E/P − 1. Call on identically initialised replicas; returns P."""
+    P, r = dist.get_world_size(group), dist.get_rank(group)
+    for m in _moe_layers(model):
+        E = m.cfg.n_experts
+        if E % P: raise ValueError(f"--ep {P}: n_experts={E} is not divisible by {P} ranks; use a divisor of {E}")
+        if m.cfg.capacity_factor is None:
+            raise ValueError(f"--ep {P}: expert parallelism exchanges fixed-capacity buffers; set capacity_factor (not none)")
+        El = E // P
+        for name in ("w_gate", "w_up", "w_down"):
+            setattr(m, name, nn.Parameter(getattr(m, name).detach()[r * El:(r + 1) * El].clone()))
+        m.ep_group, m.ep_size, m.ep_rank = group, P, r
+    return P
+
+def ep_sync_grads(model: nn.Module):
+    "After backward with expert and data parallelism: average replicated gradients over the ranks, divide expert gradients by P."
+    experts = {id(p) for m in _moe_layers(model) if m.ep_size > 1 for p in (m.w_gate, m.w_up, m.w_down)}
+    world = dist.get_world_size()
+    for p in model.parameters():
+        if p.grad is None: continue
+        if id(p) in experts: p.grad.div_(world)
+        else: dist.all_reduce(p.grad); p.grad.div_(world)
+
+def gather_experts(model: nn.Module):
+    "Undo `expert_parallel`: every rank gets all experts back (all_gather), e.g. to consolidate a checkpoint."
+    for m in _moe_layers(model):
+        if m.ep_size == 1: continue
+        for name in ("w_gate", "w_up", "w_down"):
+            w = getattr(m, name).detach().contiguous()
+            parts = [torch.empty_like(w) for _ in range(m.ep_size)]
+            dist.all_gather(parts, w, group=m.ep_group)
+            setattr(m, name, nn.Parameter(torch.cat(parts)))
+        m.ep_group, m.ep_size, m.ep_rank = None, 1, 0

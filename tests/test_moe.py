@@ -80,3 +80,87 @@ def test_eval_is_dropless_and_batch_independent():
     with torch.no_grad():
         torch.testing.assert_close(m(x)[:10], m(x[:10]), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(m(x), reference_moe(x, m, None), rtol=1e-5, atol=1e-5)
+
+
+# ---- expert parallelism: 2 gloo processes with EP=2 against one process on the whole batch ----
+import os, socket, subprocess, sys, tempfile
+from pathlib import Path
+
+
+def _ep_model():
+    "cpu-micro with 4 experts in both layers; no drops possible (capacity ≥ a rank's tokens), balance terms linear in the batch."
+    from neuronfrontier.config import CONFIGS
+    from neuronfrontier.model import GPT
+    cfg = replace(CONFIGS["cpu-micro"], n_experts=4, top_k=2, d_expert=128, capacity_factor=2.0, balance="none",
+                  z_loss_coef=1e-3)
+    torch.manual_seed(0)
+    m = GPT(cfg)
+    with torch.no_grad():
+        for mo in m.moe_layers: mo.w_down.normal_(0, 0.05)
+        for b in m.blocks: b.attn.wo.weight.normal_(0, 0.05)
+    return m.train()
+
+
+def _ep_batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, 8192, (4, 129), generator=g)
+
+
+def _grads(m):
+    return {k: p.grad.detach().clone() for k, p in m.named_parameters()}
+
+
+def _ep_main(out):
+    "Entry point under torchrun: each rank its half of the batch, experts sharded, gradients synchronised."
+    import torch.distributed as dist
+    from neuronfrontier.moe import expert_parallel, ep_sync_grads, gather_experts
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        rank = dist.get_rank()
+        m = _ep_model()
+        assert expert_parallel(m) == 2 and m.moe_layers[0].w_gate.shape[0] == 2
+        b = _ep_batch()[2 * rank:2 * rank + 2]
+        logits = m(b[:, :-1])
+        m.loss(b[:, :-1], b[:, 1:]).backward()
+        ep_sync_grads(m)
+        grads = _grads(m)
+        gather_experts(m)
+        torch.save(dict(logits=logits.detach(), grads=grads, w=m.moe_layers[1].w_up.detach().clone()), f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_expert_parallel_two_ranks_match_one_process():
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "ep")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), __file__, out]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        ranks = [torch.load(f"{out}.{i}") for i in range(2)]
+    m = _ep_model()
+    b = _ep_batch()
+    logits = m(b[:, :-1])
+    m.loss(b[:, :-1], b[:, 1:]).backward()
+    ref = _grads(m)
+    assert rel_err(torch.cat([ranks[0]["logits"], ranks[1]["logits"]]), logits) < 1e-5
+    for k, g in ref.items():
+        if k.endswith(("mlp.w_gate", "mlp.w_up", "mlp.w_down")):           # each rank holds its 2 of the 4 experts
+            got = torch.cat([ranks[0]["grads"][k], ranks[1]["grads"][k]])
+        else:
+            assert torch.equal(ranks[0]["grads"][k], ranks[1]["grads"][k]), k
+            got = ranks[0]["grads"][k]
+        assert rel_err(got, g) < 1e-5, (k, rel_err(got, g))
+    assert torch.equal(ranks[0]["w"], m.moe_layers[1].w_up.detach())   # gather_experts: the whole stack again
+
+
+if __name__ == "__main__":  # run by torchrun from test_expert_parallel_two_ranks_match_one_process
+    _ep_main(sys.argv[1])
