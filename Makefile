@@ -9,11 +9,11 @@ BUDGET  ?= 300
 CONFIG  ?= cpu-tiny
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: install speedrun test sync-check nbtest pytest export clean-nbs bench help
+.PHONY: install speedrun test sync-check lint nbtest pytest export clean-nbs bench help
 
 help:
 	@echo "make speedrun   # install, build data + tokenizer, train $(CONFIG) for $(BUDGET)s, print val_bpb"
-	@echo "make test       # notebooks/library in sync, nbdev-test, pytest"
+	@echo "make test       # notebooks/library in sync, static check, nbdev-test, pytest"
 
 install: $(VENV)/.nf-installed
 
@@ -33,10 +33,15 @@ export: install
 sync-check: install
 	@bash tools/check_sync.sh $(BIN)
 
+# Static check of the exported library and the tests: unused imports (F401), undefined names (F821) and
+# redefinitions (F811). An exported function that uses a name only a notebook cell imports fails here.
+lint: install
+	$(BIN)/ruff check --select F401,F821,F811 neuronfrontier tests
+
 nbtest: install
 	$(BIN)/nbdev-test --n-workers 2
 
 pytest: install
 	$(BIN)/python -m pytest -q -m "not slow and not neuron and not cuda"
 
-test: sync-check nbtest pytest
+test: sync-check lint nbtest pytest

@@ -4,12 +4,11 @@
 
 # %% ../nbs/01_config.ipynb #b645d86d
 from __future__ import annotations
-import dataclasses, json, math
-from dataclasses import dataclass, field, fields, asdict, replace
+from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig', 'validate_train',
-           'apply_overrides', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig',
+           'validate_train', 'apply_overrides', 'resolve', 'config_dict']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -24,6 +23,9 @@ def _nearest_aligned(v: int, multiple: int = TILE) -> str:
     return f"{lo} or {hi}" if lo and lo != hi else f"{hi}"
 
 # %% ../nbs/01_config.ipynb #3d339c9f
+MLPS = ("swiglu", "relu2")
+VE_GATE_CHANNELS = TILE  # the value-embedding gate reads the first 128 channels of the block input (one tile)
+
 @dataclass
 class ModelConfig:
     "Shape and architecture switches of the GPT. Every width is a multiple of 128 (see `validate`)."
@@ -32,12 +34,15 @@ class ModelConfig:
     n_layers: int = 12
     n_heads: int = 12
     d_head: int = 64           # 64 or 128; n_heads*d_head is the attention width
-    d_mlp: int = 2048          # SwiGLU hidden width
-    seq_len: int = 1024        # training context length (RoPE tables are built for this)
+    d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
+    seq_len: int = 1024        # training context length: at least the length the model is scored at
     qk_norm: bool = True       # RMSNorm on q and k per head
     softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
     rope_base: float = 10000.0
     norm_eps: float = 1e-6
+    mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
+    value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
+    layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
     # mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense SwiGLU MLP
     n_experts: int = 0                    # routed experts in each MoE layer
     top_k: int = 2                        # experts each token is routed to
@@ -86,6 +91,7 @@ class ModelConfig:
         if self.seq_len % TILE:
             raise ValueError(f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(self.seq_len)}")
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
+        if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
         if self.n_experts: self._validate_moe()
         elif self.n_experts < 0: raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense)")
         return self
@@ -105,22 +111,30 @@ class ModelConfig:
             if getattr(self, name) < 0: raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         self.moe_layer_ids
 
+    def has_ve(self, layer: int) -> bool:
+        "Whether block `layer` gets a value embedding: every other layer, counted back from the last."
+        return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
+
     def _mlp_params(self, layer: int, active: bool) -> int:
-        "Matmul weights of one layer's MLP: the dense SwiGLU, or router + shared + routed experts (top_k of them if `active`)."
+        "Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k of them if `active`)."
         d = self.d_model
-        if layer not in self.moe_layer_ids: return 3 * d * self.d_mlp
+        if layer not in self.moe_layer_ids: return (3 if self.mlp == "swiglu" else 2) * d * self.d_mlp
         routed = self.top_k if active else self.n_experts
         return d * self.n_experts + 3 * d * self.d_expert * (self.n_shared_experts + routed)
 
     def _matmul_params(self, active: bool) -> int:
-        "Weights that multiply activations: q/k/v/o and the MLPs of every layer, and the head."
+        "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
         d, a = self.d_model, self.d_attn
-        return sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + self.padded_vocab * d
+        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * VE_GATE_CHANNELS * self.n_heads
+        return sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
 
     def n_params(self, embedding: bool = True, active: bool = False) -> int:
-        "Parameter count (embedding and head at the padded vocabulary); `active`: only the top_k routed experts a token uses."
-        norms = self.n_layers * (2 * self.d_model + (2 * self.d_head if self.qk_norm else 0)) + self.d_model
-        return self._matmul_params(active) + norms + (self.padded_vocab * self.d_model if embedding else 0)
+        "Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k routed experts a token uses."
+        d, L = self.d_model, self.n_layers
+        gains = L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d   # norm weights, final norm
+        scalars = 2 * L if self.layer_scalars else 0
+        tables = self.padded_vocab * (d + sum(self.has_ve(i) for i in range(L)) * self.d_attn)  # wte + value embeddings
+        return self._matmul_params(active) + gains + scalars + (tables if embedding else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         "Training FLOPs per token (forward + backward = 3× forward): 6·N_active_matmul + causal attention 6·L·T·d_attn."
@@ -128,20 +142,26 @@ class ModelConfig:
         attn = 6 * self.n_layers * T * self.d_attn  # QK^T and PV: 2·2·T·d_attn fwd, causal halves it, ×3 fwd+bwd
         return 6 * self._matmul_params(active=True) + attn
 
-# %% ../nbs/01_config.ipynb #f66de258
+# %% ../nbs/01_config.ipynb #5a66bae5
 @dataclass
 class TrainConfig:
     "Optimisation and run settings; every field can be overridden with `--set key=value`."
     batch_size: int = 16        # sequences per micro-batch (per rank)
     grad_accum: int = 1         # micro-batches per optimizer step
-    optim: str = "adamw"        # 'adamw' or 'muon' (Muon for 2D block weights + AdamW for the rest)
+    optim: str = "muon"         # 'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'
     lr: float = 3e-3            # AdamW lr for block weights (when optim='adamw')
     embed_lr: float = 3e-3      # AdamW lr for the token embedding
     head_lr: float = 3e-3       # AdamW lr for the head
     scalar_lr: float = 3e-3     # AdamW lr for norm weights and other 1D parameters
     muon_lr: float = 0.025      # Muon lr for 2D block weights (when optim='muon')
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95         # Muon momentum after its warm-up
+    muon_momentum_start: float = 0.85   # ... rising linearly from this value
+    muon_momentum_warmup: float = 0.1   # ... over this fraction of the budget (0: constant)
+    ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
+    normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
     weight_decay: float = 0.0
+    cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
+    lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0      # 0 disables
@@ -150,40 +170,49 @@ class TrainConfig:
     cooldown_frac: float = 0.4
     final_lr_frac: float = 0.0
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
-    dtype: str = "fp32"         # 'fp32' or 'bf16' autocast for matmuls (cuda/neuron)
-    compile: bool = False       # torch.compile the model (compile time is charged to warm-up)
+    dtype: str = "fp32"         # 'fp32' or 'bf16': autocast forward and backward (cpu, cuda, neuron)
+    compile: bool = False       # torch.compile the loss path (compiled during the warm-up)
+    charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
     eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
-    eval_seq_len: int = 512     # eval sequence length: the same for every preset
+    eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
     eval_batch_size: int = 8
+    eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
     log_every: int = 10
+    prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
 
-# %% ../nbs/01_config.ipynb #b35caf57
+# %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
-_DTYPES = ("fp32", "bf16")
+_DTYPES, _NS_COEFFS = ("fp32", "bf16"), ("quintic", "polar_express")
 
 def validate_train(t: TrainConfig) -> TrainConfig:
     "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."
     if t.schedule not in _SCHEDULES: raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
     if t.optim not in _OPTIMS: raise ValueError(f"optim={t.optim!r} is unknown; use one of {', '.join(_OPTIMS)}")
-    if t.dtype not in _DTYPES: raise ValueError(f"dtype={t.dtype!r} is unknown; use one of {', '.join(_DTYPES)}")
+    for k in ("dtype", "eval_dtype"):
+        if getattr(t, k) not in _DTYPES: raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(_DTYPES)}")
+    if t.ns_coeffs not in _NS_COEFFS: raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
     for k in ("batch_size", "grad_accum", "eval_tokens", "eval_seq_len", "eval_batch_size", "log_every"):
         if getattr(t, k) <= 0: raise ValueError(f"{k}={getattr(t, k)} must be positive")
-    for k in ("warmup_frac", "cooldown_frac", "final_lr_frac"):
+    for k in ("warmup_frac", "cooldown_frac", "final_lr_frac", "muon_momentum_warmup"):
         if not 0 <= getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1]")
+    for k in ("muon_momentum", "muon_momentum_start"):
+        if not 0 <= getattr(t, k) < 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1)")
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
+    if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
+    if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
 CONFIGS: dict[str, ModelConfig] = {
-    "dense-124m": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=2048, seq_len=1024),
-    "cpu-tiny": ModelConfig(d_model=256, n_layers=4, n_heads=4, d_head=64, d_mlp=768, seq_len=256),
-    "cpu-micro": ModelConfig(d_model=128, n_layers=2, n_heads=2, d_head=64, d_mlp=256, seq_len=128),
+    "dense-124m": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=2048, seq_len=2048),
+    "cpu-tiny": ModelConfig(d_model=256, n_layers=4, n_heads=4, d_head=64, d_mlp=768, seq_len=512),
+    "cpu-micro": ModelConfig(d_model=128, n_layers=2, n_heads=2, d_head=64, d_mlp=256, seq_len=512),
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
-    "dense-124m": TrainConfig(batch_size=32, dtype="bf16"),
-    "cpu-tiny": TrainConfig(batch_size=16),
-    "cpu-micro": TrainConfig(batch_size=8),
+    "dense-124m": TrainConfig(batch_size=16, dtype="bf16", eval_seq_len=2048),
+    "cpu-tiny": TrainConfig(batch_size=8, dtype="bf16", embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
+    "cpu-micro": TrainConfig(batch_size=2),
 }
 
 # the MoE presets follow their dense backbones (notebook 05_moe)
@@ -227,9 +256,9 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
 
 # %% ../nbs/01_config.ipynb #73d3dc2b
 RECIPES: dict[str, list[str]] = {
-    "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false"],
+    "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false", "lr=3e-3", "embed_lr=3e-3", "head_lr=3e-3"],
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
-    "kit-eval": ["eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
+    "kit-eval": ["seq_len=2048", "eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
 }
 
 def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
@@ -240,7 +269,11 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
     for r in names:
         if r not in RECIPES: raise ValueError(f"unknown recipe {r!r}; choose one of: {', '.join(RECIPES)}")
     m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
-    return m.validate(), validate_train(t)
+    m.validate(); validate_train(t)
+    if t.eval_seq_len > m.seq_len:
+        raise ValueError(f"eval_seq_len={t.eval_seq_len} exceeds seq_len={m.seq_len}: the model would be scored at positions it "
+                         f"never trained on; train at least at the scored length (--set seq_len={t.eval_seq_len})")
+    return m, t
 
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:
     "JSON-able record of a run's configuration."

@@ -6,17 +6,21 @@
 from __future__ import annotations
 import hashlib, json, os, pickle, random, shutil, subprocess, sys, tarfile, tempfile, time, urllib.error, urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import tiktoken
+if TYPE_CHECKING: import torch  # imported lazily at run time: reading shards does not need it
 
 # %% auto #0
 __all__ = ['PKG_ROOT', 'EMBEDDED_CORPUS', 'PYDOCS_SRC', 'SPLIT_PATTERN', 'SPECIAL_TOKENS', 'BOS_TOKEN', 'VOCAB_SIZE',
-           'GPT2_PATTERN', 'WHISPER_SDIST', 'CLIMBMIX_URL', 'CLIMBMIX_VAL_SHARD', 'DataError', 'split_document',
-           'build_embedded_corpus', 'shard_name', 'write_shards', 'find_shards', 'train_tokenizer', 'token_bytes_of',
-           'save_tokenizer', 'bos_id', 'load_tokenizer', 'gpt2_ranks_file', 'gpt2_tokenizer', 'iter_documents',
-           'PackedLoader', 'val_batches', 'unigram_bpb', 'download_climbmix', 'prepare']
+           'TOKENIZER_FILES', 'TOKENIZER_MANIFEST', 'GPT2_PATTERN', 'WHISPER_SDIST', 'CLIMBMIX_URL',
+           'CLIMBMIX_VAL_SHARD', 'KIT_TOKENIZER_HINT', 'DataError', 'split_document', 'build_embedded_corpus',
+           'shard_name', 'write_shards', 'find_shards', 'train_tokenizer', 'token_bytes_of', 'file_sha256',
+           'tokenizer_sha256', 'read_manifest', 'save_tokenizer', 'bos_id', 'load_tokenizer', 'gpt2_ranks_file',
+           'gpt2_tokenizer', 'check_kit_tokenizer', 'install_kit_tokenizer', 'iter_documents', 'PackedLoader',
+           'val_batches', 'unigram_bpb', 'download_climbmix', 'prepare']
 
 # %% ../nbs/00_data.ipynb #2ff7ece3
 PKG_ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
@@ -104,15 +108,42 @@ def token_bytes_of(enc: tiktoken.Encoding) -> "torch.Tensor":
                         dtype=torch.int32)
 
 # %% ../nbs/00_data.ipynb #8b4fee98
-def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path) -> Path:
-    "Write `tokenizer.pkl` (pickled tiktoken Encoding) and `token_bytes.pt` into `out_dir`."
+TOKENIZER_FILES = ("tokenizer.pkl", "token_bytes.pt")
+TOKENIZER_MANIFEST = "sha256.json"
+
+def file_sha256(path: Path) -> str:
+    "Hex SHA-256 of a file's bytes."
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
+    return h.hexdigest()
+
+def tokenizer_sha256(tok_dir: Path) -> dict[str, str]:
+    "{file name: sha256} of `tokenizer.pkl` and `token_bytes.pt` in `tok_dir`."
+    return {n: file_sha256(Path(tok_dir) / n) for n in TOKENIZER_FILES}
+
+def _write_manifest(tok_dir: Path, source: str) -> dict:
+    man = {"source": source, "sha256": tokenizer_sha256(tok_dir)}
+    tmp = Path(tok_dir) / f"{TOKENIZER_MANIFEST}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(man, indent=1)); os.replace(tmp, Path(tok_dir) / TOKENIZER_MANIFEST)
+    return man
+
+def read_manifest(tok_dir: Path) -> dict | None:
+    "`sha256.json` of a tokenizer directory, or None if it has none."
+    p = Path(tok_dir) / TOKENIZER_MANIFEST
+    return json.loads(p.read_text()) if p.exists() else None
+
+def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path, source: str = "trained") -> Path:
+    "Write `tokenizer.pkl` (pickled tiktoken Encoding), `token_bytes.pt` and `sha256.json` into `out_dir`."
     import torch
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     sfx = f".tmp{os.getpid()}"
     with open(out_dir / f"tokenizer.pkl{sfx}", "wb") as f: pickle.dump(enc, f)
     torch.save(token_bytes_of(enc), out_dir / f"token_bytes.pt{sfx}")
+    (out_dir / TOKENIZER_MANIFEST).unlink(missing_ok=True)
     os.replace(out_dir / f"token_bytes.pt{sfx}", out_dir / "token_bytes.pt")  # tokenizer.pkl last: its presence means done
     os.replace(out_dir / f"tokenizer.pkl{sfx}", out_dir / "tokenizer.pkl")
+    _write_manifest(out_dir, source)
     return out_dir
 
 def bos_id(enc: tiktoken.Encoding) -> int:
@@ -135,6 +166,10 @@ def load_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor"]:
         raise DataError(f"cannot read the tokenizer in {tok_dir} ({type(e).__name__}: {e}); delete it and rerun `neuronfrontier prepare`") from None
     if len(token_bytes) != enc.n_vocab:
         raise DataError(f"{tb} has {len(token_bytes)} entries but the tokenizer has {enc.n_vocab} tokens; rebuild with `neuronfrontier prepare`")
+    man = read_manifest(tok_dir)
+    if man is not None and man["sha256"] != tokenizer_sha256(tok_dir):
+        raise DataError(f"the tokenizer files in {tok_dir} changed after `prepare` (sha256 differs from {TOKENIZER_MANIFEST}); "
+                        f"rerun `neuronfrontier prepare` to record them")
     bos_id(enc)
     return enc, token_bytes
 
@@ -166,6 +201,47 @@ def gpt2_tokenizer(cache_dir: Path) -> tiktoken.Encoding:
     from tiktoken.load import load_tiktoken_bpe
     ranks = load_tiktoken_bpe(str(gpt2_ranks_file(cache_dir)))
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+
+# %% ../nbs/00_data.ipynb #443977f3
+def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor"]:
+    "Load and validate the competition kit's tokenizer files in `tok_dir`; `DataError` naming the first problem."
+    import torch
+    tok_dir = Path(tok_dir)
+    missing = [n for n in TOKENIZER_FILES if not (tok_dir / n).is_file()]
+    if missing: raise DataError(f"--tokenizer-dir {tok_dir}: missing {', '.join(missing)} (the kit ships tokenizer.pkl and token_bytes.pt)")
+    try:
+        with open(tok_dir / "tokenizer.pkl", "rb") as f: enc = pickle.load(f)
+        tb = torch.load(tok_dir / "token_bytes.pt", map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise DataError(f"--tokenizer-dir {tok_dir}: cannot read the tokenizer files ({type(e).__name__}: {e})") from None
+    if not isinstance(enc, tiktoken.Encoding):
+        raise DataError(f"--tokenizer-dir {tok_dir}: tokenizer.pkl holds a {type(enc).__name__}, not a tiktoken.Encoding")
+    if enc.n_vocab != VOCAB_SIZE:
+        raise DataError(f"--tokenizer-dir {tok_dir}: the encoding has {enc.n_vocab} tokens; the competition's tokenizer has {VOCAB_SIZE}")
+    if not isinstance(tb, torch.Tensor) or tb.ndim != 1 or tb.is_floating_point() or len(tb) != enc.n_vocab:
+        raise DataError(f"--tokenizer-dir {tok_dir}: token_bytes.pt must be a 1-D integer tensor of {enc.n_vocab} entries, "
+                        f"got {tuple(getattr(tb, 'shape', ()))} {getattr(tb, 'dtype', type(tb).__name__)}")
+    if BOS_TOKEN not in enc.special_tokens_set:
+        raise DataError(f"--tokenizer-dir {tok_dir}: the encoding has no {BOS_TOKEN} (BOS) special token")
+    want = token_bytes_of(enc)
+    for s in sorted(enc.special_tokens_set):
+        i = enc.encode_single_token(s)
+        if tb[i] != 0: raise DataError(f"--tokenizer-dir {tok_dir}: special token {s} (id {i}) has {int(tb[i])} bytes in token_bytes.pt; special tokens must have 0")
+    bad = (tb.to(want.dtype) != want).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(f"--tokenizer-dir {tok_dir}: token_bytes.pt says token {i} has {int(tb[i])} bytes, the encoding says {int(want[i])}")
+    return enc, tb
+
+def install_kit_tokenizer(src_dir: Path, tok_dir: Path) -> dict:
+    "Validate the kit's files in `src_dir`, copy them into `tok_dir` (atomically) and record their sha256 as source `kit`."
+    check_kit_tokenizer(src_dir)
+    tok_dir = Path(tok_dir); tok_dir.mkdir(parents=True, exist_ok=True)
+    (tok_dir / TOKENIZER_MANIFEST).unlink(missing_ok=True)
+    for n in ("token_bytes.pt", "tokenizer.pkl"):  # tokenizer.pkl last, as in save_tokenizer
+        tmp = tok_dir / f"{n}.tmp{os.getpid()}"
+        shutil.copyfile(Path(src_dir) / n, tmp); os.replace(tmp, tok_dir / n)
+    return _write_manifest(tok_dir, "kit")
 
 # %% ../nbs/00_data.ipynb #e94d7e15
 def iter_documents(paths, rank: int = 0, world_size: int = 1, seed: int = 0, epoch: int = 0, window: int = 1024):
@@ -313,10 +389,35 @@ def download_climbmix(data_dir: Path, n_shards: int, base_url: str = CLIMBMIX_UR
         out.append(_fetch(f"{base_url.rstrip('/')}/{p.name}", p, log=log, **kw))
     return out
 
+KIT_TOKENIZER_HINT = ("pass --tokenizer-dir DIR with the competition kit's tokenizer.pkl and token_bytes.pt "
+                      "(or --train-tokenizer to train our own BPE, whose ids the scorer does not use)")
+
+def _climbmix_tokenizer_plan(tok_dir: Path, tokenizer: str, tokenizer_dir, own_tokenizer: bool) -> str:
+    "How `prepare` gets the ClimbMix tokenizer: 'install', 'keep' or 'train'; raises before any download when none applies."
+    if tokenizer_dir is not None: check_kit_tokenizer(tokenizer_dir); return "install"
+    man = read_manifest(tok_dir)
+    if man is not None and man["source"] == "kit": return "keep"
+    if own_tokenizer or tokenizer == "gpt2":
+        print(f"warning: ClimbMix with a tokenizer other than the kit's ({'gpt2' if tokenizer == 'gpt2' else 'our own BPE'}): "
+              f"the scorer tokenises with the kit's fixed BPE, so this run's val_bpb is not comparable and its model cannot be "
+              f"submitted; use --tokenizer-dir DIR for the kit's", file=sys.stderr)
+        return "train"
+    if man is not None:
+        raise DataError(f"{tok_dir} holds a tokenizer with source {man['source']!r} (sha256.json), not the kit's; {KIT_TOKENIZER_HINT}")
+    if (tok_dir / "tokenizer.pkl").exists():
+        check_kit_tokenizer(tok_dir); _write_manifest(tok_dir, "kit"); return "keep"  # the kit's files, dropped in by hand
+    raise DataError(f"prepare --source climbmix needs the kit's tokenizer: {KIT_TOKENIZER_HINT}")
+
 def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokenizer: str = "bpe8k",
-            base_url: str = CLIMBMIX_URL, tokenizer_chars: int = 2_000_000_000, seed: int = 0, log=print) -> Path:
+            base_url: str = CLIMBMIX_URL, tokenizer_chars: int = 2_000_000_000, seed: int = 0, log=print,
+            tokenizer_dir: Path | None = None, own_tokenizer: bool = False) -> Path:
     "Make `data_dir` ready to train on: shards + `tokenizer/`. Idempotent; skips whatever is already there."
     data_dir = Path(data_dir)
+    tok_dir = data_dir / "tokenizer"
+    if tokenizer not in ("bpe8k", "gpt2"): raise DataError(f"unknown tokenizer {tokenizer!r}; use 'bpe8k' or 'gpt2'")
+    plan = "install" if tokenizer_dir is not None else "train"
+    if source == "climbmix": plan = _climbmix_tokenizer_plan(tok_dir, tokenizer, tokenizer_dir, own_tokenizer)
+    elif tokenizer_dir is not None: check_kit_tokenizer(tokenizer_dir)
     if source == "embedded":
         if not list(data_dir.glob("shard_*.parquet")):
             if not EMBEDDED_CORPUS.exists():
@@ -328,14 +429,15 @@ def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokeniz
     else:
         raise DataError(f"unknown source {source!r}; use 'embedded' or 'climbmix'")
     train, _ = find_shards(data_dir)
-    tok_dir = data_dir / "tokenizer"
-    if not (tok_dir / "tokenizer.pkl").exists():
-        if tokenizer == "gpt2": enc = gpt2_tokenizer(data_dir.parent / "cache")
-        elif tokenizer == "bpe8k":
+    if plan == "install":
+        if read_manifest(tok_dir) != {"source": "kit", "sha256": tokenizer_sha256(tokenizer_dir)}:
+            log(f"installing the kit's tokenizer from {tokenizer_dir}")
+            install_kit_tokenizer(tokenizer_dir, tok_dir)
+    elif plan == "train" and not (tok_dir / "tokenizer.pkl").exists():
+        if tokenizer == "gpt2": save_tokenizer(gpt2_tokenizer(data_dir.parent / "cache"), tok_dir, source="gpt2")
+        else:
             log(f"training the {VOCAB_SIZE}-token BPE on {len(train)} training shard(s)")
-            enc = train_tokenizer(_capped_texts(train, tokenizer_chars))
-        else: raise DataError(f"unknown tokenizer {tokenizer!r}; use 'bpe8k' or 'gpt2'")
-        save_tokenizer(enc, tok_dir)
+            save_tokenizer(train_tokenizer(_capped_texts(train, tokenizer_chars)), tok_dir)
     load_tokenizer(tok_dir)
     return data_dir
 

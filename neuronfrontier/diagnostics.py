@@ -4,7 +4,10 @@
 
 # %% ../nbs/60_recipe.ipynb #717b552f
 from __future__ import annotations
+import math, time
+from pathlib import Path
 import torch
+from .config import resolve
 from .model import GPT, apply_rope
 
 # %% auto #0
@@ -33,7 +36,7 @@ def attention_logit_max(model: GPT, idx: torch.Tensor) -> list[float]:
 def qk_norm_experiment(data_dir, steps: int = 200, seed: int = 0, every: int = 10, config: str = "cpu-tiny") -> dict:
     "Train `config` with the frontier recipe, with and without QK-norm; record loss and max attention logit."
     from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
-    from neuronfrontier.optim import build_optimizers, lr_multiplier
+    from neuronfrontier.optim import build_optimizers
     from neuronfrontier.train import train_step
     train_paths, _ = find_shards(data_dir); enc, _ = load_tokenizer(Path(data_dir) / "tokenizer")
     out = {}
@@ -45,7 +48,7 @@ def qk_norm_experiment(data_dir, steps: int = 200, seed: int = 0, every: int = 1
         loader, rec = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed), []
         t0 = time.time()
         for step in range(steps):
-            loss = train_step(model, opts, loader, tcfg, lr_multiplier(step / steps, tcfg), torch.device("cpu"))
+            loss = train_step(model, opts, loader, tcfg, (step + 0.5) / steps, torch.device("cpu"))
             if (step + 1) % every == 0 or step == 0:
                 rec.append({"step": step + 1, "loss": loss.item(), "max_logit": max(attention_logit_max(model, probe))})
         out["qk_norm" if qk else "no_qk_norm"] = {"records": rec, "seconds": time.time() - t0}

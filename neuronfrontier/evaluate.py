@@ -9,26 +9,32 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['evaluate_bpb']
+__all__ = ['evaluate_sums', 'bpb', 'evaluate_bpb']
 
 # %% ../nbs/40_evaluate.ipynb #dcd2517d
 @torch.no_grad()
-def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
-    "Σ nats / (ln 2 · Σ bytes) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored) excluded."
+def evaluate_sums(model, batches, token_bytes: torch.Tensor) -> torch.Tensor:
+    "`[Σ nats, Σ bytes]` (float64, on the CPU) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored) excluded."
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"): model.eval()
-    nats = torch.zeros((), dtype=torch.float64)
-    nbytes = torch.zeros((), dtype=torch.float64)
+    sums = torch.zeros(2, dtype=torch.float64)
     try:
         for x, y in batches:
             logits = model(x).float()
             V = logits.shape[-1]
             yc = y.clamp(0, V - 1)
             nll = F.cross_entropy(logits.reshape(-1, V), yc.reshape(-1), reduction="none")
-            b = token_bytes.to(y.device)[yc.reshape(-1)].to(torch.float64) * (y.reshape(-1) >= 0)
-            nats += (nll.double() * (b > 0)).sum().cpu()
-            nbytes += b.sum().cpu()
+            b = torch.where(y.reshape(-1) >= 0, token_bytes.to(y.device)[yc.reshape(-1)].to(torch.float64), 0.0)
+            sums += torch.stack((torch.where(b > 0, nll.double(), 0.0).sum(), b.sum())).cpu()
     finally:
         if was_training: model.train()
+    return sums
+
+def bpb(nats: float, nbytes: float) -> float:
+    "Bits per byte from the two sums: nats / (ln 2 · bytes)."
     if nbytes == 0: raise ValueError("evaluate_bpb: the batches contain no targets with a non-zero byte length")
-    return float(nats / (math.log(2) * nbytes))
+    return nats / (math.log(2) * nbytes)
+
+def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
+    "Σ nats / (ln 2 · Σ bytes) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored) excluded."
+    return bpb(*evaluate_sums(model, batches, token_bytes).tolist())

@@ -4,7 +4,7 @@
 
 # %% ../nbs/04_loss.ipynb #90d504ed
 from __future__ import annotations
-import math
+import contextlib
 import torch
 import torch.nn.functional as F
 
@@ -65,7 +65,7 @@ def auto_chunk_size(n_tokens: int, vocab: int, block_bytes: int = CE_BLOCK_BYTES
 @torch.no_grad()
 def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None):
     "Per-token loss, log-sum-exp and (if `scale` is given) `scale`-weighted dlogits of one token chunk, fp32, full vocab rows."
-    z = hc @ wv.t()                                              # [C, V] fp32, the only large block (two with softcap)
+    z = (hc @ wv.t()).to(torch.promote_types(hc.dtype, torch.float32))  # [C, V] fp32, the only large block (two with softcap)
     if c: th = z.div_(c).tanh_(); s = th * c                     # s = c·tanh(z/c); keep tanh for the chain rule
     else: th, s = None, z
     valid, ts = tc >= 0, tc.clamp_min(0)[:, None]
@@ -84,6 +84,24 @@ def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None):
     return loss, lse, p
 
 # %% ../nbs/04_loss.ipynb #1f06fb59
+def _matmul_dtype(h2, w):
+    "The dtype of the loss's matmuls: the autocast dtype if autocast is on for this device (and inputs are not fp64), else the accumulation dtype."
+    acc, dev = _acc_dtype(h2, w), h2.device.type
+    try: on = torch.is_autocast_enabled(dev)
+    except RuntimeError: return acc  # a device type autocast does not know
+    return torch.get_autocast_dtype(dev) if on and acc == torch.float32 else acc
+
+def _no_autocast(device):
+    "Autocast off for the Function's own body (every dtype inside is chosen explicitly)."
+    try: return torch.autocast(device.type, enabled=False)
+    except RuntimeError: return contextlib.nullcontext()
+
+def _mm_into(out, a, b, accumulate=False):
+    "`out = a @ b` (or `out += a @ b`), multiplying in `b`'s dtype and storing into `out`'s (fp32) without an `out=` dtype clash."
+    a = a.to(b.dtype)
+    if b.dtype == out.dtype: return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
+    return out.add_(a @ b) if accumulate else out.copy_(a @ b)
+
 def _buffers(h2, w, gh, gw):
     f32 = dict(dtype=_acc_dtype(h2, w), device=h2.device)
     return (torch.empty(h2.shape, **f32) if gh else None), (torch.zeros(w.shape, **f32) if gw else None)
@@ -94,23 +112,24 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     def forward(ctx, h2, w, t, c, reduction, chunk, V):
         gh, gw = ctx.needs_input_grad[:2]
         fused = (gh or gw) and reduction != "none"
-        acc, N = _acc_dtype(h2, w), h2.shape[0]
-        wf = w[:V].to(acc)
-        loss = torch.empty(N, dtype=acc, device=h2.device)
-        if fused:
-            count = (t >= 0).sum().clamp_min(1)
-            scale = (1.0 / count if reduction == "mean" else torch.ones((), device=h2.device)).to(acc)
-            dh, dw = _buffers(h2, w, gh, gw)
-        else: lse = torch.empty_like(loss)
-        for i in range(0, N, chunk):
-            hc, tc = h2[i:i + chunk].to(acc), t[i:i + chunk]
+        acc, mm, N = _acc_dtype(h2, w), _matmul_dtype(h2, w), h2.shape[0]
+        with _no_autocast(h2.device):
+            wm = w[:V].to(mm)                                 # the head in the matmul dtype (bf16 under autocast)
+            loss = torch.empty(N, dtype=acc, device=h2.device)
             if fused:
-                loss[i:i + chunk], _, dz = _chunk_lse_grad(hc, wf, tc, c, scale)
-                if gh: torch.mm(dz, wf, out=dh[i:i + chunk])
-                if gw: dw[:V].addmm_(dz.t(), hc)
-                del dz
-            else: loss[i:i + chunk], lse[i:i + chunk], _ = _chunk_lse_grad(hc, wf, tc, c)
-        ctx.fused, ctx.c, ctx.chunk, ctx.V, ctx.dtypes = fused, c, chunk, V, (h2.dtype, w.dtype)
+                count = (t >= 0).sum().clamp_min(1)
+                scale = (1.0 / count if reduction == "mean" else torch.ones((), device=h2.device)).to(acc)
+                dh, dw = _buffers(h2, w, gh, gw)
+            else: lse = torch.empty_like(loss)
+            for i in range(0, N, chunk):
+                hc, tc = h2[i:i + chunk].to(mm), t[i:i + chunk]
+                if fused:
+                    loss[i:i + chunk], _, dz = _chunk_lse_grad(hc, wm, tc, c, scale)
+                    if gh: _mm_into(dh[i:i + chunk], dz, wm)
+                    if gw: _mm_into(dw[:V], dz.t(), hc, accumulate=True)
+                    del dz
+                else: loss[i:i + chunk], lse[i:i + chunk], _ = _chunk_lse_grad(hc, wm, tc, c)
+        ctx.fused, ctx.c, ctx.chunk, ctx.V, ctx.dtypes, ctx.mm = fused, c, chunk, V, (h2.dtype, w.dtype), mm
         if fused: ctx.save_for_backward(dh, dw)
         elif gh or gw: ctx.save_for_backward(h2, w, t, lse)
         return _reduce(loss, t, reduction)
@@ -125,15 +144,16 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             return dh, dw, None, None, None, None, None
         h2, w, t, lse = ctx.saved_tensors
         gh, gw = ctx.needs_input_grad[:2]
-        V, chunk, c, acc = ctx.V, ctx.chunk, ctx.c, _acc_dtype(h2, w)
-        wf, g = w[:V].to(acc), g.to(acc)
-        dh, dw = _buffers(h2, w, gh, gw)
-        for i in range(0, h2.shape[0], chunk):
-            hc = h2[i:i + chunk].to(acc)
-            _, _, dz = _chunk_lse_grad(hc, wf, t[i:i + chunk], c, g[i:i + chunk], lse[i:i + chunk])
-            if gh: torch.mm(dz, wf, out=dh[i:i + chunk])
-            if gw: dw[:V].addmm_(dz.t(), hc)
-            del dz
+        V, chunk, c, mm = ctx.V, ctx.chunk, ctx.c, ctx.mm
+        with _no_autocast(h2.device):
+            wm, g = w[:V].to(mm), g.to(_acc_dtype(h2, w))
+            dh, dw = _buffers(h2, w, gh, gw)
+            for i in range(0, h2.shape[0], chunk):
+                hc = h2[i:i + chunk].to(mm)
+                _, _, dz = _chunk_lse_grad(hc, wm, t[i:i + chunk], c, g[i:i + chunk], lse[i:i + chunk])
+                if gh: _mm_into(dh[i:i + chunk], dz, wm)
+                if gw: _mm_into(dw[:V], dz.t(), hc, accumulate=True)
+                del dz
         return (None if dh is None else dh.to(hdt)), (None if dw is None else dw.to(wdt)), None, None, None, None, None
 
 # %% ../nbs/04_loss.ipynb #624d0d72

@@ -4,11 +4,10 @@
 
 # %% ../nbs/02_model.ipynb #32bd1abf
 from __future__ import annotations
-import math
+import contextlib
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from .config import ModelConfig, CONFIGS
+from .config import ModelConfig, VE_GATE_CHANNELS
 from . import ops
 from .moe import MoE
 
@@ -39,7 +38,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # %% ../nbs/02_model.ipynb #34a5d777
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, ve: bool = False):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.wq = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
@@ -48,46 +47,58 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm else None
+        self.ve_gate = nn.Linear(VE_GATE_CHANNELS, cfg.n_heads, bias=False) if ve else None
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, ve=None):
         B, T, _ = x.shape
         q, k, v = (w(x).view(B, T, self.n_heads, self.d_head) for w in (self.wq, self.wk, self.wv))
+        if ve is not None:  # value embedding, scaled per head by 2·sigmoid(gate) (1 at init)
+            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))[..., None] * ve.view_as(v)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # [B, H, T, D]
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, d_mlp: int | None = None):
+    def __init__(self, cfg: ModelConfig, d_mlp: int | None = None, kind: str | None = None):
         super().__init__()
-        d_mlp = d_mlp or cfg.d_mlp
-        self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False)
+        d_mlp, kind = d_mlp or cfg.d_mlp, kind or cfg.mlp
+        self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False) if kind == "swiglu" else None
         self.w_up = nn.Linear(cfg.d_model, d_mlp, bias=False)
         self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
-    def forward(self, x): return self.w_down(ops.swiglu(x, self.w_gate.weight, self.w_up.weight))
+    def forward(self, x):
+        h = ops.relu2(x, self.w_up.weight) if self.w_gate is None else ops.swiglu(x, self.w_gate.weight, self.w_up.weight)
+        return self.w_down(h)
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         moe = layer in cfg.moe_layer_ids
-        self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg)
+        self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg, cfg.has_ve(layer))
         self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MoE(cfg) if moe else MLP(cfg)
-        self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert) if moe and cfg.n_shared_experts else None
-    def forward(self, x, cos, sin):
-        x = x + self.attn(self.norm1(x), cos, sin)
+        self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert, "swiglu") if moe and cfg.n_shared_experts else None
+    def forward(self, x, cos, sin, ve=None):
+        x = x + self.attn(self.norm1(x), cos, sin, ve)
         h = self.norm2(x)
         return x + self.mlp(h) + (self.shared(h) if self.shared is not None else 0)
 
 # %% ../nbs/02_model.ipynb #bf52aba2
 class GPT(nn.Module):
     "Decoder-only transformer; `model(idx)` → logits [B, T, padded_vocab] (padding columns are -inf)."
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: str | None = None):
         super().__init__()
         self.cfg = cfg.validate()
+        if kernels is not None: ops.parse_backend(kernels)  # fail early on a bad spec
+        self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
+        # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.padded_vocab, cfg.d_attn)
+                                           for i in range(cfg.n_layers) if cfg.has_ve(i)})
+        if cfg.layer_scalars:
+            self.resid_lambdas, self.x0_lambdas = nn.Parameter(torch.ones(cfg.n_layers)), nn.Parameter(torch.ones(cfg.n_layers))
         self._rope = {}
         self.reset_parameters()
 
@@ -100,6 +111,9 @@ class GPT(nn.Module):
         for b in self.blocks:
             for name, p in b.named_parameters():
                 if name.endswith(("wo.weight", "w_down.weight", "w_down")): nn.init.zeros_(p)   # blocks start as the identity
+            if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
+        for e in self.value_embeds.values(): nn.init.normal_(e.weight, std=self.cfg.d_model ** -0.5)
+        if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
 
     @property
@@ -125,12 +139,20 @@ class GPT(nn.Module):
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}
         return self._rope[key]
 
+    def _ops(self):
+        "The ops backend this model runs under: its pinned `kernels`, or whatever is set process-wide."
+        return ops.use_backend(self.kernels) if self.kernels else contextlib.nullcontext()
+
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         "Final normalised hidden states [B, T, d_model]."
         cos, sin = self.rope(idx.shape[1], idx.device)
-        x = self.wte(idx)
-        for b in self.blocks: x = b(x, cos, sin)
-        return self.norm_f(x)
+        with self._ops():
+            x = x0 = self.wte(idx)
+            for i, b in enumerate(self.blocks):
+                if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+                ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+                x = b(x, cos, sin, ve)
+            return self.norm_f(x)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.hidden(idx)).float()
@@ -142,7 +164,8 @@ class GPT(nn.Module):
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`; training adds the MoE balancing terms."
         h = self.hidden(idx)
-        ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                               softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        with self._ops():
+            ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                   softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
         if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
         return ce

@@ -10,11 +10,11 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
-           'torch_neuronx_module', 'rms_norm', 'swiglu', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
-           'swiglu_torch', 'attention_torch', 'cross_entropy_torch', 'moe_mlp_torch']
+           'torch_neuronx_module', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'moe_mlp',
+           'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch', 'moe_mlp_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
-OPS = ("rms_norm", "swiglu", "attention", "cross_entropy", "moe_mlp")
+OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
@@ -62,22 +62,22 @@ def _load_kernels():
         except ImportError as e:
             if e.name is None or not mod.startswith(e.name): raise  # only "this kernel is not there yet" is tolerated
 
-def resolve(op: str, device: torch.device | str = "cpu") -> str:
-    "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks."
+def resolve(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
+    "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
     want = _state["spec"][op]
     dev = torch.device(device).type
     if want != "torch": _load_kernels()
     if want == "auto": want = "nki" if dev == "neuron" and "nki" in _IMPLS[op] else "torch"
     if want not in _IMPLS[op]:
-        if (op, want) not in _state["warned"]:
+        if warn and (op, want) not in _state["warned"]:
             _state["warned"].add((op, want))
             warnings.warn(f"ops.{op}: no {want!r} implementation available; falling back to 'torch'")
         want = "torch"
     return want
 
 def backend_table(device="cpu") -> dict[str, str]:
-    "What actually runs for each op on `device`."
-    return {op: resolve(op, device) for op in OPS}
+    "What actually runs for each op on `device` (fallbacks warn when the op is called, not here)."
+    return {op: resolve(op, device, warn=False) for op in OPS}
 
 def _call(op, first, *args, **kw): return _IMPLS[op][resolve(op, first.device)](first, *args, **kw)
 
@@ -100,6 +100,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ); x [..., d], w_gate and w_up [d_mlp, d] → [..., d_mlp]."
     return _call("swiglu", x, w_gate, w_up)
+
+def relu2(x: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    "relu(x @ w_upᵀ)²; x [..., d], w_up [d_mlp, d] → [..., d_mlp]."
+    return _call("relu2", x, w_up)
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
     "softmax(q kᵀ/√d_head + causal mask) v for q, k, v of shape [B, H, T, d_head]."
@@ -126,6 +130,10 @@ def rms_norm_torch(x, weight, eps=1e-6):
 @register("swiglu", "torch")
 def swiglu_torch(x, w_gate, w_up):
     return F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
+
+@register("relu2", "torch")
+def relu2_torch(x, w_up):
+    return F.relu(F.linear(x, w_up)).square()
 
 @register("attention", "torch")
 def attention_torch(q, k, v, causal=True):

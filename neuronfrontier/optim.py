@@ -8,10 +8,12 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn, Tensor
+from .config import VE_GATE_CHANNELS
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5', 'Muon',
-           'build_optimizers', 'optimizer_table', 'lr_multiplier', 'muon_momentum', 'ns_flops', 'muon_shapes']
+           'normuon_scale', 'build_optimizers', 'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier',
+           'muon_momentum', 'apply_schedule', 'ns_flops', 'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -87,11 +89,12 @@ class Muon(torch.optim.Optimizer):
     "MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale, decoupled weight decay."
     def __init__(self, params, lr: float = 0.025, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, coeffs="quintic", ns_dtype: torch.dtype | None = None,
-                 distributed: bool | None = None):
-        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or ns_steps < 1:
-            raise ValueError(f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, ns_steps={ns_steps}")
+                 distributed: bool | None = None, normuon: bool = False, beta2: float = 0.95, cautious_wd: bool = False):
+        if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or ns_steps < 1 or not 0 <= beta2 < 1:
+            raise ValueError(f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, ns_steps={ns_steps}, beta2={beta2}")
         _resolve_coeffs(coeffs)
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps, coeffs=coeffs)
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps, coeffs=coeffs,
+                        normuon=normuon, beta2=beta2, cautious_wd=cautious_wd)
         super().__init__(params, defaults)
         for g in self.param_groups:
             for p in g["params"]:
@@ -137,45 +140,64 @@ class Muon(torch.optim.Optimizer):
                     O = torch.cat(recv)[:K]
                 scale = self.shape_scale(items[0][0].shape)
                 for (p, _), o in zip(items, O):
-                    if wd: p.mul_(1 - lr * wd)
-                    p.add_(o.view_as(p).to(p.dtype), alpha=-lr * scale)
+                    if group["normuon"]: o = normuon_scale(self.state[p], o, group["beta2"])
+                    o = o.view_as(p).to(p.dtype)
+                    if wd and group["cautious_wd"]: p.sub_(p * (o * p >= 0), alpha=lr * wd)  # decay only where the update shrinks |w| too
+                    elif wd: p.mul_(1 - lr * wd)
+                    p.add_(o, alpha=-lr * scale)
         return loss
 
-# %% ../nbs/20_optim.ipynb #74ae1bf1
+def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-10) -> Tensor:
+    "NorMuon: divide each neuron (row, or column of a wide matrix) of the update `o` [m, n] by its running RMS, keep ‖o‖_F."
+    of = o.float()
+    v = of.square().mean(dim=1 if o.shape[0] >= o.shape[1] else 0, keepdim=True)  # [m, 1] or [1, n]
+    if "second_moment" not in state: state["second_moment"] = torch.zeros_like(v)
+    y = of * state["second_moment"].lerp_(v, 1 - beta2).clamp_min(eps).rsqrt()
+    return (y * (of.norm() / y.norm().clamp_min(eps))).to(o.dtype)
+
+# %% ../nbs/20_optim.ipynb #833ed537
 def _role(name: str, p: Tensor) -> str:
     if ".router." in name: return "router"   # MoE router: AdamW (its rows are per-expert score directions, not a map)
     if name.startswith("blocks.") and p.ndim >= 2: return "block"
-    if name.startswith("wte."): return "embed"
+    if name.startswith(("wte.", "value_embeds.")): return "embed"
     if name.startswith("lm_head."): return "head"
     return "scalar"
 
 def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtype: torch.dtype | None = None,
-                     coeffs="quintic", distributed: bool | None = None) -> list[torch.optim.Optimizer]:
+                     coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
     "Split `model`'s parameters into Muon (2D block weights, when `recipe.optim == 'muon'`) and AdamW groups; return the optimizers."
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
-    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr,
-           "head": recipe.head_lr, "scalar": recipe.scalar_lr}
+    width = (_d_model(model) / 768) ** -0.5 if recipe.lr_width_scale else 1.0
+    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr * width,
+           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
         role = _role(name, p)
-        wd = recipe.weight_decay if p.ndim >= 2 else 0.0
+        wd = recipe.weight_decay if role == "block" else 0.0
         if role == "block" and use_muon:
             muon_params.append(p); rows.append((name, tuple(p.shape), "muon", lrs[role], wd)); continue
-        key = (role, wd)
-        adam_groups.setdefault(key, dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd, role=role))
-        adam_groups[key]["params"].append(p); rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
+        adam_groups.setdefault(role, dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd,
+                                          initial_weight_decay=wd, role=role))
+        adam_groups[role]["params"].append(p); rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
     opts = []
     if muon_params:
-        opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block")],
+        opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block",
+                               initial_weight_decay=recipe.weight_decay)],
                          lr=lrs["block"], momentum=recipe.muon_momentum, weight_decay=recipe.weight_decay,
-                         coeffs=coeffs, ns_dtype=ns_dtype, distributed=distributed))
+                         coeffs=coeffs or recipe.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
+                         normuon=recipe.normuon, cautious_wd=recipe.cautious_wd))
     if adam_groups:
         opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=recipe.lr, betas=(recipe.beta1, recipe.beta2),
                                       eps=1e-8, weight_decay=0.0))
     if print_table: print(optimizer_table(rows))
     return opts
+
+def _d_model(model: nn.Module) -> int:
+    "Model width: `model.cfg.d_model` for the project's GPT, else the embedding's width."
+    cfg = getattr(model, "cfg", None)
+    return cfg.d_model if cfg is not None else model.wte.weight.shape[1]
 
 def optimizer_table(rows) -> str:
     "Text table of (name, shape, optimizer, lr, weight decay) rows, with per-optimizer totals."
@@ -187,7 +209,7 @@ def optimizer_table(rows) -> str:
         if sel: out.append(f"{o}: {len(sel)} tensors, {sum(math.prod(r[1]) for r in sel):,} parameters")
     return "\n".join(out)
 
-# %% ../nbs/20_optim.ipynb #b05f3104
+# %% ../nbs/20_optim.ipynb #6fbf3d7f
 def lr_multiplier(frac: float, recipe) -> float:
     "Learning-rate multiplier at elapsed budget fraction `frac` for `recipe.schedule` ('wsd' or 'cosine')."
     f = min(max(float(frac), 0.0), 1.0)
@@ -201,11 +223,26 @@ def lr_multiplier(frac: float, recipe) -> float:
         return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * t))
     raise ValueError(f"schedule={recipe.schedule!r} is unknown; use wsd or cosine")
 
+def weight_decay_multiplier(frac: float, recipe) -> float:
+    "Weight-decay multiplier at budget fraction `frac`: 1 − frac (decaying to zero) with `recipe.cautious_wd`, else 1."
+    return 1.0 - min(max(float(frac), 0.0), 1.0) if recipe.cautious_wd else 1.0
+
 def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac: float = 0.1) -> float:
     "Muon momentum rising linearly from `start` to `end` over the first `ramp_frac` of the budget, then constant."
     if ramp_frac <= 0: return end
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
+
+def apply_schedule(opts, recipe, frac: float) -> tuple[float, float]:
+    "Set every group's lr (initial_lr × `lr_multiplier`), weight decay (× `weight_decay_multiplier`) and every Muon group's momentum for budget fraction `frac`; return (lr multiplier, momentum)."
+    mult, wdm = lr_multiplier(frac, recipe), weight_decay_multiplier(frac, recipe)
+    mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
+    for o in opts:
+        for g in o.param_groups:
+            g["lr"] = g["initial_lr"] * mult
+            if "initial_weight_decay" in g: g["weight_decay"] = g["initial_weight_decay"] * wdm
+            if isinstance(o, Muon): g["momentum"] = mom
+    return mult, mom
 
 # %% ../nbs/20_optim.ipynb #6728e0eb
 def ns_flops(shape, steps: int = 5) -> int:
@@ -214,12 +251,14 @@ def ns_flops(shape, steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 def muon_shapes(cfg) -> list[tuple[int, int]]:
-    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (each expert of an MoE layer counted as its own matrices)."
+    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each expert of an MoE layer counted as its own matrices)."
     d, a = cfg.d_model, cfg.d_attn
+    def mlp(f, n=1): return n * ([(f, d), (f, d), (d, f)] if cfg.mlp == "swiglu" else [(f, d), (d, f)])
     out = []
     for i in range(cfg.n_layers):
-        moe = i in cfg.moe_layer_ids
-        mlps = ([(cfg.d_expert, cfg.n_experts)] + ([(cfg.n_shared_experts * cfg.d_expert, 1)] if cfg.n_shared_experts else [])
-                if moe else [(cfg.d_mlp, 1)])
-        out += [(a, d), (a, d), (a, d), (d, a)] + [s for f, n in mlps for s in n * [(f, d), (f, d), (d, f)]]
+        if i in cfg.moe_layer_ids:  # experts are SwiGLU
+            shared = [(cfg.n_shared_experts * cfg.d_expert, d)] * 2 + [(d, cfg.n_shared_experts * cfg.d_expert)] if cfg.n_shared_experts else []
+            ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
+        else: ffn = mlp(cfg.d_mlp)
+        out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, VE_GATE_CHANNELS)] if cfg.has_ve(i) else [])
     return out

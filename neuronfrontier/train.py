@@ -4,19 +4,24 @@
 
 # %% ../nbs/30_train.ipynb #ecca3157
 from __future__ import annotations
-import json, math, os, signal, sys, time
+import contextlib, copy, json, math, os, queue, signal, sys, threading, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
+import torch.distributed as dist
 from .config import ModelConfig, TrainConfig, resolve, config_dict
-from .data import find_shards, load_tokenizer, PackedLoader, val_batches, unigram_bpb, DataError
+from .data import find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader, val_batches, unigram_bpb
 from .model import GPT
-from .optim import build_optimizers, lr_multiplier
-from .evaluate import evaluate_bpb
+from .optim import build_optimizers, lr_multiplier, apply_schedule
+from .evaluate import evaluate_sums, bpb
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['neuron_available', 'pick_device', 'hw_name', 'save_checkpoint', 'load_for_eval', 'train_step', 'Watchdog', 'train']
+__all__ = ['BUDGET_MODES', 'UNIFORM_STRIKES', 'neuron_available', 'pick_device', 'logical_nc_config', 'hw_name', 'synchronize',
+           'reuse_freed_memory', 'load_checkpoint', 'load_resume', 'save_model', 'save_resume', 'load_for_eval',
+           'autocast', 'average_gradients', 'train_step', 'Watchdog', 'process_start_ns', 'Clock', 'dist_backend',
+           'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'Prefetcher', 'Run', 'setup', 'warm_up',
+           'save_checkpoints', 'loop', 'finish', 'train']
 
 # %% ../nbs/30_train.ipynb #1499ee2a
 def neuron_available() -> bool:
@@ -37,53 +42,111 @@ def pick_device(name: str | None = None) -> torch.device:
     if name == "neuron" and not neuron_available(): raise ValueError("--device neuron: torch-neuronx is not installed or sees no NeuronCore; use --device cpu")
     return torch.device(name)
 
+def logical_nc_config() -> int:
+    "Physical NeuronCores one process drives on trn2: `NEURON_LOGICAL_NC_CONFIG` (1 or 2; unset means the default, 2)."
+    raw = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2").strip()
+    if raw not in ("1", "2"): raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={raw!r}: the Neuron runtime supports 1 or 2")
+    return int(raw)
+
 def hw_name(device: torch.device) -> str:
     "The `neuronfrontier.hw` entry whose peak FLOP/s the MFU of one process on `device` is measured against."
-    if device.type == "neuron": return "trn2-core"
+    if device.type == "neuron": return {1: "trn2-core", 2: "trn2-lnc2"}[logical_nc_config()]
     if device.type == "cuda":
         n = torch.cuda.get_device_name(device).lower()
         return "h100" if "h100" in n else "h200"
     return "cpu"
 
+def synchronize(device: torch.device):
+    "Wait until `device` has finished the work queued on it (CUDA, Neuron: both queue asynchronously); a no-op on the CPU."
+    if device.type == "cuda": torch.cuda.synchronize(device)
+    elif device.type == "neuron": torch.neuron.synchronize()
+
+# %% ../nbs/30_train.ipynb #112a71b3
+def reuse_freed_memory() -> bool:
+    "glibc: keep freed memory in the heap (no trimming, blocks up to 32 MB from the heap) so a step's buffers are reused; False where unavailable."
+    import ctypes, ctypes.util
+    try: libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"); mallopt = libc.mallopt
+    except (OSError, AttributeError): return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1) and mallopt(M_MMAP_THRESHOLD, 32 * 2**20))
+
 # %% ../nbs/30_train.ipynb #529e7a24
-def save_checkpoint(path: Path, model: GPT, opts=None, state: dict | None = None, tcfg: TrainConfig | None = None):
-    "Atomically write model config + weights (+ optimiser and run state for `--resume`) to `path`."
+def _atomic_save(obj, path: Path) -> Path:
+    "Write `obj` to a temporary file, flush it to the disk, then rename it over `path`: `path` is always whole, old or new."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    ck = {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
-    if tcfg is not None: ck["train_config"] = asdict(tcfg)
-    if opts is not None: ck["optimizers"] = [o.state_dict() for o in opts]
-    if state is not None: ck["state"] = state
-    torch.save(ck, path.with_suffix(".tmp")); os.replace(path.with_suffix(".tmp"), path)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f); f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, path)
     return path
 
-def load_for_eval(checkpoint_path: str, device: torch.device) -> torch.nn.Module:
-    "The competition's loader: a consolidated, single-device, eval-mode GPT whose forward is tokens → logits."
-    ck = torch.load(checkpoint_path, map_location="cpu", weights_only=True)
-    model = GPT(ModelConfig(**ck["model_config"]))
+def load_checkpoint(path) -> dict:
+    "`torch.load` a checkpoint on the CPU (weights only); a truncated or corrupt file is a one-line `ValueError` naming it."
+    try: return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError: raise
+    except Exception as e:
+        raise ValueError(f"{path}: truncated or corrupt checkpoint ({type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}); "
+                         "use an earlier copy or train again") from None
+
+def load_resume(path, mcfg: ModelConfig) -> dict:
+    "The training state in `resume.pt`, checked: complete, and for the same model config."
+    ck = load_checkpoint(path)
+    missing = {"model", "model_config", "optimizers", "state", "rng"} - set(ck)
+    if missing: raise ValueError(f"--resume: {path} is not a resume checkpoint (missing {', '.join(sorted(missing))})")
+    if ck["model_config"] != asdict(mcfg): raise ValueError(f"--resume: {path} was trained with a different model config")
+    return ck
+
+def _weights(model: GPT) -> dict:
+    return {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+
+def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None) -> Path:
+    "Atomically write the weights-only checkpoint (`model.pt`): model config, weights, train/eval settings."
+    return _atomic_save(_weights(model) | ({"train_config": asdict(tcfg)} if tcfg is not None else {}), path)
+
+def save_resume(path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig) -> Path:
+    "Atomically write the full training state (`resume.pt`) that `--resume` continues from."
+    rng = {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})
+    return _atomic_save(_weights(model) | {"train_config": asdict(tcfg), "optimizers": [o.state_dict() for o in opts],
+                                           "state": dict(state), "rng": rng}, path)
+
+def load_for_eval(checkpoint_path: str, device: torch.device, kernels: str | None = "torch") -> torch.nn.Module:
+    "The competition's loader: a consolidated, single-device, eval-mode GPT (tokens → logits) pinned to `kernels` (default: plain PyTorch ops)."
+    ck = load_checkpoint(checkpoint_path)
+    model = GPT(ModelConfig(**ck["model_config"]), kernels=kernels)
     model.load_state_dict(ck["model"])
     return model.to(device).eval()
 
 # %% ../nbs/30_train.ipynb #bacbd915
-def _autocast(device: torch.device, dtype: str):
-    if dtype == "bf16" and device.type in ("cuda", "neuron"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    import contextlib
+def autocast(device: torch.device, dtype: str):
+    "`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context."
+    if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
-def train_step(model, opts, batches, tcfg: TrainConfig, lr_mult: float, device) -> torch.Tensor:
-    "One optimiser step over `grad_accum` micro-batches from the iterator `batches`; returns the mean loss (a tensor)."
+def average_gradients(params, world: int):
+    "Average the gradients of `params` over `world` ranks: one flat all-reduce per dtype (a no-op for one rank)."
+    if world == 1: return
+    grads = [p.grad for p in params if p.grad is not None]
+    for dtype in dict.fromkeys(g.dtype for g in grads):
+        gs = [g for g in grads if g.dtype == dtype]
+        flat = torch.cat([g.reshape(-1) for g in gs])
+        dist.all_reduce(flat); flat.div_(world)
+        for g, v in zip(gs, flat.split([g.numel() for g in gs])): g.copy_(v.view_as(g))
+
+def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None, world: int = 1) -> torch.Tensor:
+    "One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`, gradients averaged over `world` ranks; returns this rank's mean loss (a device tensor)."
+    loss_fn = loss_fn or model.loss
+    apply_schedule(opts, tcfg, frac)
     total = torch.zeros((), device=device)
     for _ in range(tcfg.grad_accum):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with _autocast(device, tcfg.dtype):
-            loss = model.loss(x, y) / tcfg.grad_accum
+        with autocast(device, tcfg.dtype):
+            loss = loss_fn(x, y) / tcfg.grad_accum
         loss.backward()
         total += loss.detach()
+    average_gradients(model.parameters(), world)
     if tcfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
-    for o in opts:
-        for g in o.param_groups: g["lr"] = g["initial_lr"] * lr_mult
-        o.step()
+    for o in opts: o.step()
     for o in opts: o.zero_grad(set_to_none=True)
     model.after_step()          # e.g. the loss-free balancing bias of MoE routers
     return total
@@ -96,8 +159,79 @@ class Watchdog:
         self.recent, self.window = [], window
     def record(self, step_ns: int): self.recent = (self.recent + [step_ns])[-self.window:]
     def predict_ns(self) -> int: return max(self.recent) if self.recent else 0
-    def fits(self, charged_ns: int) -> bool:
-        return self.budget_ns is None or charged_ns + self.predict_ns() <= self.budget_ns
+    def fits(self, charged_ns: int, predict_ns: int | None = None) -> bool:
+        "Whether a step taking `predict_ns` (default: this watchdog's prediction) still fits after `charged_ns`."
+        return self.budget_ns is None or charged_ns + (self.predict_ns() if predict_ns is None else predict_ns) <= self.budget_ns
+
+# %% ../nbs/30_train.ipynb #39e2a46c
+BUDGET_MODES = ("charged", "wall")
+
+def process_start_ns() -> int:
+    "When this process started, on the `time.perf_counter_ns` scale (Linux: /proc/self/stat); now where unknown."
+    now = time.perf_counter_ns()
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return now - int(max(0.0, age_s) * 1e9)
+    except (OSError, ValueError, IndexError, AttributeError): return now
+
+class Clock:
+    "Charged nanoseconds of a run: `charged` mode counts training steps only; `wall` counts from `t0_ns` on, less up to `startup_allowance_s`."
+    def __init__(self, device, mode: str = "charged", startup_allowance_s: float = 0.0, t0_ns: int | None = None):
+        if mode not in BUDGET_MODES: raise ValueError(f"--budget-mode {mode}: unknown; use one of {', '.join(BUDGET_MODES)}")
+        if startup_allowance_s < 0: raise ValueError(f"--startup-allowance {startup_allowance_s:g}: must be >= 0 seconds")
+        self.device, self.mode, self.allowance_ns = device, mode, int(startup_allowance_s * 1e9)
+        self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
+        self.startup_ns = self.charged_ns = self._offset_ns = 0
+    def now_ns(self) -> int: return time.perf_counter_ns()
+    def start(self, resumed_ns: int = 0):
+        "Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup beyond the allowance."
+        now = self.now_ns()
+        self.startup_ns = now - self.t0_ns
+        self.charged_ns = resumed_ns + (max(0, self.startup_ns - self.allowance_ns) if self.mode == "wall" else 0)
+        self._offset_ns = self.charged_ns - now  # wall mode: charged = offset + now
+    def step_done(self, started_ns: int) -> int:
+        "Wait for the device, charge the step that began at `started_ns` (`wall`: everything up to now); returns its duration."
+        synchronize(self.device)
+        now = self.now_ns()
+        self.charged_ns = self._offset_ns + now if self.mode == "wall" else self.charged_ns + now - started_ns
+        return now - started_ns
+    def adopt(self, charged_ns: int):
+        "Take the charged time agreed with the other ranks (the slowest rank's)."
+        self._offset_ns += charged_ns - self.charged_ns; self.charged_ns = charged_ns
+
+# %% ../nbs/30_train.ipynb #9688cd36
+def dist_backend(device: torch.device) -> str:
+    "The process-group backend for `device`: `neuron` on TorchNeuron, `nccl` on CUDA, `gloo` on the CPU."
+    return {"neuron": "neuron", "cuda": "nccl"}.get(device.type, "gloo")
+
+def env_world() -> tuple[int, int, int]:
+    "(rank, local rank, world size) from torchrun's environment; (0, 0, 1) outside torchrun."
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+def init_distributed(device: str | None = None):
+    "This process's device and place: `(device, rank, world, control group, owned)`; joins the process group under torchrun."
+    rank, local, world = env_world()
+    dev = pick_device(device)
+    if world == 1: return dev, 0, 1, None, False
+    if dev.type == "cuda": dev = torch.device("cuda", local); torch.cuda.set_device(dev)
+    owned = not dist.is_initialized()
+    if owned: dist.init_process_group(backend=dist_backend(dev))  # TorchNeuron: one logical core per process
+    ctrl = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")  # host-side agreement
+    return dev, dist.get_rank(), dist.get_world_size(), ctrl, owned
+
+def rank_rows(batches, rank: int, world: int):
+    "This rank's rows of each global batch from `batches`: rows `[rank·B, (rank+1)·B)` of every `[world·B, T]` batch."
+    for x, y in batches:
+        B = len(x) // world
+        yield x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
+
+def agree_max(values, world: int, group=None) -> list[float]:
+    "The elementwise maximum of `values` over all ranks (float64, host-side through `group`); `values` itself for one rank."
+    if world == 1: return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
 
 # %% ../nbs/30_train.ipynb #0dadcdd9
 def _log_line(rec: dict) -> str:
@@ -121,114 +255,283 @@ class _Progress:
     def close(self):
         if self.bar is not None: self.bar.close()
 
-def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", out_dir: str | Path = "runs/latest",
-          budget_s: float | None = 300.0, steps: int | None = None, seed: int = 0, device: str | None = None,
-          sets=(), recipe: str | None = None, resume: bool = False, verbose: bool = True, callback=None) -> dict:
-    """Train `config` on `data_dir` for `budget_s` charged seconds (or exactly `steps` steps); returns result.json's dict.
-    `callback(rec)` is called with every logged metrics record; returning True stops the run as `interrupted`."""
-    t_start = time.perf_counter_ns()
+UNIFORM_STRIKES = 3  # consecutive post-warm-up log steps at loss >= ln V - 0.01 that count as divergence
+
+def _all_finite(model) -> bool:
+    "One host read: are all of `model`'s parameters finite?"
+    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+
+def _restore(model, opts, ck):
+    model.load_state_dict(ck["model"])
+    for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
+
+# %% ../nbs/30_train.ipynb #7945d88b
+class Prefetcher:
+    "Iterate `source` up to `depth` items ahead in a background thread (`depth=0`: inline); `consumed` counts the items handed out."
+    def __init__(self, source, depth: int = 2):
+        if depth < 0: raise ValueError(f"prefetch={depth}: must be >= 0 (0: no prefetching)")
+        self.source, self.depth, self.consumed = iter(source), depth, 0
+        self._stop, self._thread = threading.Event(), None
+        if depth:
+            self._q = queue.Queue(maxsize=depth)
+            self._thread = threading.Thread(target=self._produce, name="prefetch", daemon=True)
+            self._thread.start()
+
+    def _put(self, msg) -> bool:
+        while not self._stop.is_set():  # wake up now and then so that `close` is never stuck behind a full queue
+            try: self._q.put(msg, timeout=0.1); return True
+            except queue.Full: pass
+        return False
+
+    def _produce(self):
+        try:
+            for item in self.source:
+                if not self._put((True, item)): return
+            self._put((False, None))  # exhausted
+        except Exception as e: self._put((False, e))  # raised in the consumer's thread
+
+    def __iter__(self): return self
+
+    def __next__(self):
+        if self._thread is None: item = next(self.source)
+        else:
+            ok, item = self._q.get()
+            if not ok:
+                self._q.put((False, item))  # stay exhausted (or failing) for the next call
+                if item is None: raise StopIteration
+                raise item
+        self.consumed += 1
+        return item
+
+    def close(self):
+        "Stop the background thread (the items it has packed ahead are dropped)."
+        self._stop.set()
+        if self._thread is not None: self._thread.join(timeout=10)
+
+# %% ../nbs/30_train.ipynb #660e895e
+def _compiled(fn, dev: torch.device):
+    "`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an error, not a slow path)."
+    return torch.compile(fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {}))
+
+def _truncate_metrics(path: Path, step: int):
+    "Keep the metrics lines up to `step` (and none that a killed process left half-written)."
+    if not path.exists(): return
+    keep = []
+    for line in path.read_text().splitlines():
+        try: rec = json.loads(line)
+        except json.JSONDecodeError: continue
+        if rec["step"] <= step: keep.append(line + "\n")
+    path.write_text("".join(keep))
+
+class Run:
+    "Everything one training process holds: configs, device and rank, data, model, optimisers, loader, and the checkpointed `state`."
+    def __init__(self, **kw): self.__dict__.update(kw)
+
+def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int = 0, device=None, sets=(), recipe=None,
+          resume: bool = False, verbose: bool = True) -> Run:
+    "Resolve and check everything `train` needs; build the model, optimisers and loader; restore `resume.pt` when resuming."
     if steps is None and (budget_s is None or budget_s <= 0): raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
     if steps is not None and steps <= 0: raise ValueError(f"--steps {steps}: must be > 0")
     mcfg, tcfg = resolve(config, recipe, sets)
-    dev = pick_device(device)
     train_paths, val_path = find_shards(data_dir)
-    enc, token_bytes = load_tokenizer(Path(data_dir) / "tokenizer")
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
+    tok_dir = Path(data_dir) / "tokenizer"
+    enc, token_bytes = load_tokenizer(tok_dir)
     if enc.n_vocab != mcfg.vocab_size:
         mcfg.vocab_size = enc.n_vocab; mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
-    say = print if verbose else (lambda *a, **k: None)
+    out = Path(out_dir)
+    ck_path, rs_path = out / "model.pt", out / "resume.pt"
+    if resume and not rs_path.exists(): raise ValueError(f"--resume: no {rs_path.name} in {out}; run without --resume first")
+    ck = load_resume(rs_path, mcfg) if resume else None  # a truncated or corrupt resume.pt fails here, naming the file
+    dev, rank, world, ctrl, owned = init_distributed(device)
+    lead = rank == 0  # rank 0 alone writes and prints
+    if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)
-
+    if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
     opts = build_optimizers(model, tcfg, print_table=False)
-    loader = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed)
-    state = {"step": 0, "train_ns": 0, "tokens": 0}
-    ck_path = out / "model.pt"
-    if resume:
-        if not ck_path.exists(): raise ValueError(f"--resume: no checkpoint at {ck_path}; run without --resume first")
-        ck = torch.load(ck_path, map_location="cpu", weights_only=False)
-        if ck.get("model_config") != asdict(mcfg): raise ValueError(f"--resume: {ck_path} was trained with a different model config")
-        model.load_state_dict(ck["model"])
-        for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
-        state = ck["state"]; loader.skip(state["loader_batches"])
-        say(f"resumed from step {state['step']} ({state['train_ns']/1e9:.1f}s charged)")
-    run_model = torch.compile(model) if tcfg.compile else model
-    run_model.train()
-    tokens_per_step = tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len
-    fpt, hwn = mcfg.flops_per_token(), hw_name(dev)
-    say(f"{config}: {mcfg.n_params()/1e6:.2f}M params, {tokens_per_step:,} tokens/step, device {dev}, "
-        f"ops {ops.backend_table(dev)}, {'budget %.0fs' % budget_s if steps is None else '%d steps' % steps}")
+    loader = PackedLoader(train_paths, enc, tcfg.batch_size * world, mcfg.seq_len, seed=seed)  # the global batch
+    state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
+    if ck is not None:
+        _restore(model, opts, ck)
+        state |= ck["state"]; loader.skip(state["loader_batches"])
+        if lead: _truncate_metrics(out / "metrics.jsonl", state["step"])  # drop what a killed run logged after its checkpoint
+        torch.set_rng_state(ck["rng"]["cpu"])
+        if "cuda" in ck["rng"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+    model.train()
+    return Run(config=config, recipe=recipe, seed=seed, steps=steps, budget_s=budget_s, resume=resume, mcfg=mcfg, tcfg=tcfg,
+               dev=dev, rank=rank, world=world, ctrl=ctrl, owned=owned, lead=lead,
+               say=print if verbose and lead else (lambda *a, **k: None), verbose=verbose and lead,
+               train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes, out=out,
+               ck_path=ck_path, rs_path=rs_path, model=model, opts=opts, loader=loader,
+               batches=Prefetcher(rank_rows(loader, rank, world), tcfg.prefetch),  # packed ahead, off the step
+               state=state, loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
+               tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
+               fpt=mcfg.flops_per_token(), hwn=hw_name(dev))
 
-    # warm-up step: absorbs compilation; its update is undone so charged steps start from the initial state
-    snap = ({k: v.detach().clone() for k, v in model.state_dict().items()}, [o.state_dict() for o in opts])
-    import copy; snap = (snap[0], copy.deepcopy(snap[1]))
-    t0 = time.perf_counter_ns()
-    probe = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed + 10_000)
-    train_step(run_model, opts, probe, tcfg, 0.0, dev).item()
-    model.load_state_dict(snap[0]); [o.load_state_dict(s) for o, s in zip(opts, snap[1])]
-    warmup_ns = time.perf_counter_ns() - t0 + (t0 - t_start)
+# %% ../nbs/30_train.ipynb #d8805852
+def warm_up(run: Run) -> list[int]:
+    "Run the warm-up steps and restore the initial weights and optimiser states; returns each warm-up step's nanoseconds."
+    model, opts, tcfg = run.model, run.opts, run.tcfg
+    snap = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy([o.state_dict() for o in opts]))
+    probe = rank_rows(PackedLoader(run.train_paths, run.enc, tcfg.batch_size * run.world, run.mcfg.seq_len, seed=run.seed + 10_000),
+                      run.rank, run.world)
+    warm_ns = []
+    for _ in range(2 if tcfg.compile else 1):
+        t0 = time.perf_counter_ns()
+        train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.world).item()
+        warm_ns.append(time.perf_counter_ns() - t0)
+    _restore(model, opts, {"model": snap[0], "optimizers": snap[1]})
+    return warm_ns
 
-    wd, status, last_loss, prog = Watchdog(None if steps else budget_s), "completed", float("nan"), _Progress(budget_s if steps is None else None, verbose)
-    mf = open(out / "metrics.jsonl", "a" if resume else "w")
-    prev_handler = signal.getsignal(signal.SIGINT)
-    interrupted = {"flag": False}
-    def on_int(sig, frame): interrupted["flag"] = True
-    try: signal.signal(signal.SIGINT, on_int)
-    except ValueError: pass  # not the main thread
-    overrun_ns, log_t0, log_tok0 = 0, state["train_ns"], state["tokens"]
+# %% ../nbs/30_train.ipynb #c4ef4be3
+def _stop_signals():
+    "Install handlers that turn Ctrl-C (SIGINT) and SIGTERM into a flag; returns (flag, restore)."
+    flag, prev = {"set": False}, {}
+    def on_signal(sig, frame): flag["set"] = True
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try: prev[sig] = signal.signal(sig, on_signal)
+        except ValueError: pass  # not the main thread
+    return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
+
+def save_checkpoints(run: Run):
+    "Rank 0 writes `model.pt` and `resume.pt` (each atomically); the other ranks wait for it. The time goes to `state['ckpt_ns']`."
+    t0, state = time.perf_counter_ns(), run.state
+    state["ckpts"] = state.get("ckpts", 0) + 1
+    if run.lead:
+        state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
+        save_model(run.ck_path, run.model, run.tcfg)
+        save_resume(run.rs_path, run.model, run.opts, state, run.tcfg)
+    if run.world > 1: dist.barrier(group=run.ctrl)
+    state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
+
+def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: float | None = None) -> tuple[str, str, float]:
+    "Train until the steps are done, the budget is spent, a stop is asked for or the loss diverges; returns (status, why, last loss)."
+    tcfg, state, steps, dev, world = run.tcfg, run.state, run.steps, run.dev, run.world
+    status, last_loss, why, strikes = "completed", float("nan"), "", 0
+    run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # device-side: any non-finite loss since the last read
+    uniform_loss = math.log(run.enc.n_vocab)
+    prog = _Progress(run.budget_s if steps is None else None, run.verbose)
+    mf = open(run.out / "metrics.jsonl", "a" if run.resume else "w") if run.lead else None
+    stop, restore = _stop_signals()
+    log_t0, log_tok0, last_ckpt = clock.charged_ns, state["tokens"], time.perf_counter_ns()
     try:
         while True:
+            pred_ns = wd.predict_ns()
+            due = ckpt_every_s is not None and time.perf_counter_ns() - last_ckpt >= ckpt_every_s * 1e9
+            if world > 1:  # one decision for all ranks: the slowest rank's clock and prediction, anyone's stop, rank 0's checkpoint
+                charged, state["last_step_ns"], pred_ns, asked, due = map(int, agree_max(
+                    (clock.charged_ns, state["last_step_ns"], pred_ns, stop["set"], due and run.lead), world, run.ctrl))
+                clock.adopt(charged); stop["set"] = bool(asked)
+            state["train_ns"] = clock.charged_ns
+            if due and state["step"] > 0:  # a periodic checkpoint: never of weights that are no longer finite
+                if agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
+                    status, why = "diverged", f"non-finite loss or weights by step {state['step']}"; break
+                save_checkpoints(run); last_ckpt = time.perf_counter_ns()
             if steps is not None and state["step"] >= steps: break
-            if steps is None and not wd.fits(state["train_ns"]): break
-            if interrupted["flag"]: status = "interrupted"; break
-            frac = state["step"] / steps if steps is not None else state["train_ns"] / wd.budget_ns
-            mult = lr_multiplier(frac, tcfg)
-            ts = time.perf_counter_ns()
-            loss_t = train_step(run_model, opts, loader, tcfg, mult, dev)
+            if steps is None and not wd.fits(clock.charged_ns, pred_ns): break
+            if stop["set"]: status = "interrupted"; break
+            # the schedule at the middle of this step (of what is left of the budget, if the step is predicted to take longer):
+            # never the 0 at either end of the curve
+            frac = ((state["step"] + 0.5) / steps if steps is not None else
+                    (clock.charged_ns + min(state["last_step_ns"], wd.budget_ns - clock.charged_ns) / 2) / wd.budget_ns)
+            ts = clock.now_ns()
+            loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, world)
+            run.nonfinite |= ~torch.isfinite(loss_t)
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
-            if check: last_loss = loss_t.item()  # syncs the device
-            elif dev.type == "cuda": torch.cuda.synchronize()
-            step_ns = time.perf_counter_ns() - ts
-            wd.record(step_ns)
-            state["train_ns"] += step_ns; state["step"] += 1; state["tokens"] += tokens_per_step
-            if check and not math.isfinite(last_loss):
-                status = "diverged"
-                say(f"diverged: loss is {last_loss} at step {state['step']}; lower the learning rate (e.g. --set lr=...) or enable grad_clip")
-                break
             if check:
-                dt = (state["train_ns"] - log_t0) / 1e9
-                tok_s = (state["tokens"] - log_tok0) / max(dt, 1e-9)
-                rec = {"step": state["step"], "time_s": round(state["train_ns"] / 1e9, 4), "loss": last_loss, "lr_mult": round(mult, 5),
-                       "tokens": state["tokens"], "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, fpt, hwn), **model.moe_stats()}
-                mf.write(json.dumps(rec) + "\n"); mf.flush()
-                prog.update(rec, state["train_ns"] / 1e9)
-                if callback is not None and callback(rec): interrupted["flag"] = True
-                log_t0, log_tok0 = state["train_ns"], state["tokens"]
+                stats = torch.stack((loss_t, run.nonfinite.float()))
+                if world > 1: dist.all_reduce(stats); stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
+                last_loss, bad = stats.tolist()  # one read: syncs the device
+            state["last_step_ns"] = clock.step_done(ts)  # waits for the device: times finished work, not queued work
+            wd.record(state["last_step_ns"])
+            state["train_ns"] = clock.charged_ns; state["step"] += 1; state["tokens"] += run.tokens_per_step
+            if not check: continue
+            strikes = strikes + 1 if frac >= tcfg.warmup_frac and last_loss >= uniform_loss - 0.01 else 0
+            if bad: why = f"a non-finite loss by step {state['step']} (loss {last_loss})"
+            elif strikes >= UNIFORM_STRIKES: why = f"loss {last_loss:.4f} >= ln V = {uniform_loss:.4f} (uniform prediction) at {strikes} log steps after warm-up"
+            if why: status = "diverged"; break
+            tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns - log_t0) / 1e9, 1e-9)
+            rec = {"step": state["step"], "time_s": round(clock.charged_ns / 1e9, 4), "loss": last_loss,
+                   "lr_mult": round(lr_multiplier(frac, tcfg), 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
+                   "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world), "world_size": world, **run.model.moe_stats()}
+            if mf: mf.write(json.dumps(rec) + "\n"); mf.flush()
+            prog.update(rec, clock.charged_ns / 1e9)
+            if callback is not None and callback(rec): stop["set"] = True
+            log_t0, log_tok0 = clock.charged_ns, state["tokens"]
     finally:
-        prog.close(); mf.close()
-        try: signal.signal(signal.SIGINT, prev_handler)
-        except ValueError: pass
-    if steps is None: overrun_ns = max(0, state["train_ns"] - wd.budget_ns)
-    state["loader_batches"] = loader.batches
-    save_checkpoint(ck_path, model, opts, state, tcfg)
+        prog.close(); restore(); run.batches.close()  # the loader's statistics are final from here on
+        if mf: mf.close()
+    return status, why, last_loss
 
+# %% ../nbs/30_train.ipynb #82047129
+def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float) -> dict:
+    "Check the weights, save, evaluate (sharded over ranks) and write `result.json`; returns its dict."
+    state, tcfg, world = run.state, run.tcfg, run.world
+    overrun_ns = max(0, clock.charged_ns - wd.budget_ns) if run.steps is None else 0
+    if status != "diverged" and agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
+        status, why = "diverged", f"non-finite loss or weights by step {state['step']}"  # the steps since the last read, and the last update
+    if status == "diverged": run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
+    else: save_checkpoints(run)
+    man = read_manifest(run.tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
-           "train_s": state["train_ns"] / 1e9, "warmup_s": warmup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
-           "tok_s": state["tokens"] / max(state["train_ns"] / 1e9, 1e-9), "budget_s": budget_s if steps is None else None,
-           "max_step_s": max(wd.recent, default=0) / 1e9, "final_train_loss": last_loss,
-           "loader_utilisation": round(loader.utilisation, 4), "device": str(dev), "hw": hwn, "seed": seed,
-           "checkpoint": str(ck_path), "config_name": config, "recipe": recipe, "config": config_dict(mcfg, tcfg)}
-    res["mfu"] = hw.mfu(res["tok_s"], fpt, hwn)
+           "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
+           "overrun_s": overrun_ns / 1e9, "tok_s": state["tokens"] / max(clock.charged_ns / 1e9, 1e-9),
+           "budget_s": run.budget_s if run.steps is None else None, "budget_mode": clock.mode,
+           "startup_allowance_s": clock.allowance_ns / 1e9, "max_step_s": max(wd.recent, default=0) / 1e9,
+           "ckpt_s": state.get("ckpt_ns", 0) / 1e9, "ckpts": state.get("ckpts", 0),
+           "final_train_loss": last_loss, "diverged_because": why or None,
+           "loader_utilisation": round(run.loader.utilisation, 4), "device": str(run.dev), "hw": run.hwn, "seed": run.seed,
+           "world_size": world, "global_batch": tcfg.batch_size * tcfg.grad_accum * world,
+           "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path), "config_name": run.config, "recipe": run.recipe,
+           "tokenizer_source": man["source"] if man else None, "tokenizer_sha256": tokenizer_sha256(run.tok_dir),
+           "config": config_dict(run.mcfg, tcfg)}
+    res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
+    res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
+    if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     if status != "diverged":
         te = time.perf_counter_ns()
-        vb = val_batches(val_path, enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
-        model.eval()
-        with _autocast(dev, tcfg.dtype):
-            res["val_bpb"] = evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], token_bytes.to(dev))
-        res["unigram_bpb"] = unigram_bpb((b for _, b in zip(range(50), PackedLoader(train_paths, enc, 16, 512, seed=seed))), vb, token_bytes, enc.n_vocab)
+        vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
+        dev = run.dev
+        with autocast(dev, tcfg.eval_dtype):  # fp32 unless eval_dtype='bf16' asks otherwise
+            sums = evaluate_sums(run.model, [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]], run.token_bytes.to(dev))  # this rank's share
+        if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
+        res["val_bpb"] = bpb(*sums.tolist())
+        if run.lead: res["unigram_bpb"] = unigram_bpb((b for _, b in zip(range(50), PackedLoader(run.train_paths, run.enc, 16, 512, seed=run.seed))),
+                                                      vb, run.token_bytes, run.enc.n_vocab)
         res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
-    else:
-        res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
-    (out / "result.json").write_text(json.dumps(res, indent=2))
+        if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
+
+# %% ../nbs/30_train.ipynb #4b375bb3
+def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", out_dir: str | Path = "runs/latest",
+          budget_s: float | None = 300.0, steps: int | None = None, seed: int = 0, device: str | None = None,
+          sets=(), recipe: str | None = None, resume: bool = False, verbose: bool = True, callback=None,
+          budget_mode: str | None = None, startup_allowance_s: float = 0.0, ckpt_every_s: float | None = None,
+          started_ns: int | None = None) -> dict:
+    """Train `config` on `data_dir` for `budget_s` seconds (or exactly `steps` steps); returns result.json's dict.
+    `budget_mode`: 'charged' (training steps only) or 'wall' (from `started_ns` — default: now; the CLI passes the process's
+    start — less `startup_allowance_s`); default 'wall' on Neuron or with `charge_warmup`, else 'charged'.
+    `ckpt_every_s`: also checkpoint every so many seconds. `callback(rec)` is called with every logged metrics record;
+    returning True stops the run as `interrupted`."""
+    t0 = time.perf_counter_ns() if started_ns is None else started_ns
+    if ckpt_every_s is not None and ckpt_every_s <= 0: raise ValueError(f"--ckpt-every {ckpt_every_s:g}: must be > 0 seconds")
+    run = setup(config, data_dir, out_dir, steps, budget_s, seed, device, sets, recipe, resume, verbose)
+    try:
+        mode = budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
+        clock = Clock(run.dev, mode, startup_allowance_s, t0)
+        run.say(f"{config}: {run.mcfg.n_params()/1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, device {run.dev}"
+                f"{f' x {run.world} processes' if run.world > 1 else ''}, ops {ops.backend_table(run.dev)}, "
+                f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.tcfg.dtype}{', compiled' if run.tcfg.compile else ''}, "
+                f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}")
+        if resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")
+        warm_ns = warm_up(run)
+        clock.start(run.state["train_ns"])
+        wd = Watchdog(None if steps else budget_s)
+        if run.state["last_step_ns"]: wd.record(run.state["last_step_ns"])
+        else: run.state["last_step_ns"] = warm_ns[-1]
+        status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s)
+        return finish(run, clock, wd, warm_ns, status, why, last_loss)
+    finally:
+        run.batches.close()
+        if run.owned: dist.destroy_process_group()

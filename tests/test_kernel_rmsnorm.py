@@ -1,9 +1,9 @@
 """ops.rms_norm with backend nki-sim against the torch backend on shapes the notebook does not show."""
-import numpy as np, pytest, torch
+import pytest, torch
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI, simulate, nl
+from neuronfrontier.sim import REAL_NKI, simulate
 from neuronfrontier.testing import compare_backends, traffic
-from neuronfrontier.kernels.rmsnorm import (rms_norm_nki_sim, rmsnorm_fwd_kernel, rmsnorm_bwd_kernel, check_args, TOL,
+from neuronfrontier.kernels.rmsnorm import (rms_norm_nki_sim, rmsnorm_fwd_kernel, rmsnorm_bwd_kernel, TOL,
                                             hbm_traffic, _register_nki, NKI_REGISTERED)
 
 pytestmark = pytest.mark.skipif(REAL_NKI, reason='simulator tests (a real NKI is installed)')

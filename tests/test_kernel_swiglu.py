@@ -1,7 +1,7 @@
 """ops.swiglu with backend nki-sim against the torch backend on shapes the notebook does not show."""
 import pytest, torch
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI, simulate
+from neuronfrontier.sim import REAL_NKI
 from neuronfrontier.testing import compare_backends, traffic, train_losses
 from neuronfrontier.kernels.swiglu import (swiglu_nki_sim, swiglu_inputs, TOL, hbm_traffic, bwd_chunk, fwd_block,
                                            swiglu_fwd_kernel, swiglu_bwd_kernel, _register_nki, NKI_REGISTERED)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from neuronfrontier.config import TrainConfig
-from neuronfrontier.optim import Muon, build_optimizers, lr_multiplier, muon_momentum, zeropower_via_newtonschulz5
+from neuronfrontier.optim import Muon, build_optimizers, lr_multiplier, apply_schedule, zeropower_via_newtonschulz5
 
 
 # A stand-in with the project GPT's parameter names (wte, blocks[i].attn.wq/wk/wv/wo/q_norm/k_norm,
@@ -70,7 +70,7 @@ class TinyGPT(nn.Module):
 
 
 RECIPE = TrainConfig(optim="muon", muon_lr=0.03, lr=3e-3, embed_lr=1e-2, head_lr=5e-3, scalar_lr=4e-3,
-                     weight_decay=0.1, warmup_frac=0.2, cooldown_frac=0.5)
+                     weight_decay=0.1, warmup_frac=0.2, cooldown_frac=0.5, muon_momentum_start=0.8, muon_momentum_warmup=0.5)
 STEPS, GLOBAL_B, T = 6, 8, 16
 
 
@@ -86,11 +86,7 @@ def _train(rank=0, world=1, ns_dtype=torch.float32):
     model = TinyGPT()
     opts = build_optimizers(model, RECIPE, print_table=False, ns_dtype=ns_dtype)
     for s in range(STEPS):
-        frac = s / STEPS
-        for o in opts:
-            for g in o.param_groups:
-                g["lr"] = g["initial_lr"] * lr_multiplier(frac, RECIPE)
-                if isinstance(o, Muon): g["momentum"] = muon_momentum(frac, RECIPE.muon_momentum)
+        apply_schedule(opts, RECIPE, (s + 0.5) / STEPS)  # what the trainer calls before every step
         x, y = _data(s)
         per = GLOBAL_B // world
         loss = model(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
@@ -182,6 +178,26 @@ def test_tied_embedding_counted_once_and_lr_scaling():
     lrs = sorted({g["lr"] for o in opts for g in o.param_groups})
     mult = lr_multiplier(0.9, RECIPE)
     assert math.isclose(mult, 0.2) and lrs == sorted({v * mult for v in (0.03, 1e-2, 4e-3)})
+
+
+def test_the_trainer_warms_up_the_muon_momentum(pydocs, tmp_path, monkeypatch):
+    "The momentum each Muon step uses, as the trainer runs it: start → end over the warm-up fraction, then constant."
+    from neuronfrontier.train import train
+    seen, real = [], Muon.step
+    def spy(self, *a, **k):
+        seen.append([g["momentum"] for g in self.param_groups]); return real(self, *a, **k)
+    monkeypatch.setattr(Muon, "step", spy)
+    train("cpu-micro", pydocs, tmp_path / "r", steps=4, verbose=False,
+          sets=["muon_momentum_start=0.5", "muon_momentum=0.9", "muon_momentum_warmup=0.5", "eval_tokens=4096"])
+    # the warm-up step (undone) at fraction 0, then steps at the middle of each quarter: 1/8, 3/8, 5/8, 7/8
+    expected = [0.5] + [0.5 + 0.4 * min(f / 0.5, 1.0) for f in (0.125, 0.375, 0.625, 0.875)]
+    assert [m for (m,) in seen] == pytest.approx(expected), seen
+
+
+def test_ns_coeffs_reach_the_optimizer():
+    for name in ("quintic", "polar_express"):
+        opts = build_optimizers(TinyGPT(L=1), TrainConfig(optim="muon", ns_coeffs=name), print_table=False)
+        assert opts[0].param_groups[0]["coeffs"] == name
 
 
 def test_print_table(capsys):

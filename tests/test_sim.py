@@ -4,8 +4,7 @@ import inspect, os
 from enum import Enum
 import numpy as np, ml_dtypes, pytest
 import neuronfrontier.sim as sim
-from neuronfrontier.sim import (nki, nl, nisa, simulate, dry_run, last_trace, NKIConstraintError, NotSimulatedError, Trace,
-                                REAL_NKI, NKI_API, InstructionLimitWarning)
+from neuronfrontier.sim import (nki, nl, nisa, simulate, dry_run, last_trace, NKIConstraintError, NotSimulatedError, REAL_NKI, NKI_API, InstructionLimitWarning)
 from neuronfrontier.hw import estimate_time
 
 pytestmark = pytest.mark.skipif(REAL_NKI, reason='emulator-specific tests (a real NKI is installed)')

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from .. import ops
 from ..hw import PMAX as P, FMAX, core_range, logical_cores
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['NEG', 'KB', 'NKI_REGISTERED', 'TOL', 'flash_fwd_kernel', 'flash_bwd_kernel', 'check_args', 'FlashAttentionSim',

@@ -4,11 +4,10 @@
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f331954f
 from __future__ import annotations
-import math
 import torch
 from .. import ops
 from ..hw import PMAX as P, FMAX, core_range, logical_cores
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'TOL', 'NKI_REGISTERED', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel',

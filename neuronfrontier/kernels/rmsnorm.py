@@ -4,11 +4,10 @@
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #8f92ed6b
 from __future__ import annotations
-import math
 import torch
 from .. import ops
 from ..hw import PMAX as P, FMAX, core_range, logical_cores
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_args', 'RMSNormSim',

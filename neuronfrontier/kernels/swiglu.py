@@ -4,11 +4,10 @@
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #38bfe9d6
 from __future__ import annotations
-import math
 import torch
 from .. import ops
 from ..hw import PMAX as P, FMAX, core_range, logical_cores
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel', 'check_args', 'fwd_block',

@@ -1,0 +1,105 @@
+"""Import every exported module and call something in each.
+
+A name that an exported function uses but only a notebook cell imports (`neuronfrontier.diagnostics` once used
+`math`, `Path`, `resolve` and `time` that way) works in the notebook and raises NameError in the library. The static
+check in `make test` (ruff F821) finds such names; this test runs the code as users import it.
+"""
+import importlib, pkgutil
+
+import pytest
+import torch
+
+import neuronfrontier
+from neuronfrontier import ops
+from neuronfrontier.testing import rel_err
+
+
+def _near(a, b, tol=2e-2):
+    assert rel_err(a, b) < tol, rel_err(a, b)
+
+
+def _kernel_op(op, *args, **kw):
+    "Run `op` on the NKI simulator and on torch; they agree."
+    with ops.use_backend(f"{op}=nki-sim"):
+        assert ops.backend_table()[op] == "nki-sim"
+        got = getattr(ops, op)(*args, **kw)
+    with ops.use_backend("torch"): ref = getattr(ops, op)(*args, **kw)
+    _near(got, ref)
+
+
+def _micro():
+    from neuronfrontier.config import CONFIGS
+    from neuronfrontier.model import GPT
+    torch.manual_seed(0)
+    return GPT(CONFIGS["cpu-micro"])
+
+
+def _diagnostics(data):
+    from neuronfrontier.diagnostics import attention_logit_max, qk_norm_experiment
+    assert len(attention_logit_max(_micro(), torch.randint(0, 8192, (1, 64)))) == 2
+    res = qk_norm_experiment(data, steps=2, every=1, config="cpu-micro")
+    assert set(res) == {"qk_norm", "no_qk_norm"} and len(res["qk_norm"]["records"]) == 2
+
+
+def _evaluate(data):
+    from neuronfrontier.evaluate import evaluate_bpb
+    y = torch.randint(0, 8192, (1, 16))
+    assert 0 < evaluate_bpb(lambda x: torch.zeros(*x.shape, 8192), [(y, y)], torch.ones(8192, dtype=torch.int32)) < 14
+
+
+def _train(data):
+    from neuronfrontier.train import pick_device, hw_name, logical_nc_config
+    assert hw_name(pick_device("cpu")) == "cpu" and logical_nc_config() in (1, 2)
+
+
+def _sim(data):
+    from neuronfrontier.sim import last_trace
+    _kernel_op("rms_norm", torch.randn(128, 128), torch.ones(128))  # a kernel through the simulator leaves its trace
+    assert last_trace() is not None
+
+
+def _cli(data):
+    from neuronfrontier.cli import main
+    assert main(["info", "--config", "cpu-micro"]) == 0
+
+
+g = torch.Generator().manual_seed(0)
+CALLS = {
+    "neuronfrontier._modidx": lambda data: importlib.import_module("neuronfrontier._modidx").d["settings"],
+    "neuronfrontier.cli": _cli,
+    "neuronfrontier.config": lambda data: importlib.import_module("neuronfrontier.config").resolve("cpu-micro"),
+    "neuronfrontier.data": lambda data: importlib.import_module("neuronfrontier.data").load_tokenizer(data / "tokenizer"),
+    "neuronfrontier.diagnostics": _diagnostics,
+    "neuronfrontier.evaluate": _evaluate,
+    "neuronfrontier.hw": lambda data: importlib.import_module("neuronfrontier.hw").mfu(1e5, 6e8, "trn2"),
+    "neuronfrontier.kernels": lambda data: importlib.import_module("neuronfrontier.kernels"),
+    "neuronfrontier.kernels.attention": lambda data: _kernel_op(
+        "attention", *(torch.randn(1, 1, 128, 64, generator=g) for _ in range(3))),
+    "neuronfrontier.kernels.cross_entropy": lambda data: _kernel_op(
+        "cross_entropy", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 8, torch.randint(0, 256, (128,), generator=g)),
+    "neuronfrontier.kernels.rmsnorm": lambda data: _kernel_op("rms_norm", torch.randn(128, 128, generator=g), torch.ones(128)),
+    "neuronfrontier.kernels.swiglu": lambda data: _kernel_op(
+        "swiglu", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 11, torch.randn(256, 128, generator=g) / 11),
+    "neuronfrontier.loss": lambda data: importlib.import_module("neuronfrontier.loss").chunked_cross_entropy(
+        torch.randn(8, 16), torch.randn(32, 16), torch.randint(0, 32, (8,))),
+    "neuronfrontier.model": lambda data: _micro()(torch.randint(0, 8192, (1, 16))),
+    "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
+    "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
+    "neuronfrontier.sim": _sim,
+    "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
+        importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
+    "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
+        "rms_norm", torch.randn(128, 128, generator=g), torch.ones(128), backend="torch"),
+    "neuronfrontier.train": _train,
+}
+MODULES = sorted(m.name for m in pkgutil.walk_packages(neuronfrontier.__path__, "neuronfrontier."))
+
+
+def test_every_module_has_a_smoke_call():
+    assert MODULES == sorted(CALLS)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_import_and_call(name, pydocs):
+    importlib.import_module(name)
+    CALLS[name](pydocs)

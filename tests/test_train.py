@@ -1,0 +1,226 @@
+"""The path users run: bf16 autocast, torch.compile, divergence, the scorer's loader, MFU on trn2, the training length."""
+import json, math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import neuronfrontier.train as T
+from neuronfrontier import ops
+from neuronfrontier.config import CONFIGS, resolve
+from neuronfrontier.data import find_shards, load_tokenizer, val_batches
+from neuronfrontier.evaluate import evaluate_bpb
+from neuronfrontier.model import GPT
+from conftest import cli
+
+FAST = ["eval_tokens=8192"]
+
+
+def _losses(run_dir):
+    return [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _trained_micro():
+    "cpu-micro with every weight non-zero (at init wo and w_down are zero, so attention and MLP get no gradient)."
+    torch.manual_seed(0)
+    m = GPT(CONFIGS["cpu-micro"])
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.ndim == 2 and not p.any(): p.normal_(std=0.02)
+        m.lm_head.weight.normal_(std=0.02)
+    return m
+
+
+# bf16 autocast rounds every matmul input to an 8-bit mantissa (relative error 2^-9 ≈ 0.2% per rounding) and the
+# matmul outputs again; through 2 layers, attention and the loss those roundings add up to relative gradient errors of
+# about 1% per tensor (measured: at most 1.0% over cpu-micro's parameters, cosine similarity 0.99995). We require < 5% per tensor, a cosine
+# similarity > 0.998 with the fp32 gradient, and the loss within 0.1% of fp32's.
+def test_bf16_autocast_gradients_match_fp32():
+    m = _trained_micro()
+    idx = torch.randint(0, 8192, (2, 512), generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for bf16 in (False, True):
+        m.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            loss = m.loss(idx[:, :-1], idx[:, 1:])
+        loss.backward()
+        grads[bf16] = (loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()})
+    (l32, g32), (l16, g16) = grads[False], grads[True]
+    assert abs(l16 - l32) / l32 < 1e-3, (l16, l32)
+    worst = max(((g16[n] - g32[n]).norm() / g32[n].norm()).item() for n in g32)
+    cos = min(torch.nn.functional.cosine_similarity(g16[n].flatten(), g32[n].flatten(), dim=0).item() for n in g32)
+    print(f"bf16 vs fp32: loss {l16:.5f} vs {l32:.5f}; worst relative gradient error {worst:.2e}, min cosine {cos:.5f}")
+    assert all(g32[n].any() for n in g32)
+    assert worst < 5e-2 and cos > 0.998
+
+
+def test_trainer_trains_in_bf16_and_evaluates_in_fp32(pydocs, tmp_path, monkeypatch):
+    "dtype=bf16 autocasts the training steps (on CPU too); the final evaluation runs without autocast."
+    seen = {"loss": set(), "forward": set()}
+    real_loss, real_forward = GPT.loss, GPT.forward
+    monkeypatch.setattr(GPT, "loss", lambda self, *a, **k: seen["loss"].add(torch.is_autocast_enabled("cpu")) or real_loss(self, *a, **k))
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: seen["forward"].add(torch.is_autocast_enabled("cpu")) or real_forward(self, *a, **k))
+    r = T.train("cpu-micro", pydocs, tmp_path / "bf16", steps=8, sets=["dtype=bf16"] + FAST, verbose=False)
+    assert r["status"] == "completed" and seen == {"loss": {True}, "forward": {False}}
+    losses = _losses(tmp_path / "bf16")
+    assert all(math.isfinite(l) for l in losses) and losses[-1] < losses[0]
+    # the saved fp32 weights score the same through the scorer's loader
+    enc, tb = load_tokenizer(pydocs / "tokenizer")
+    vb = val_batches(find_shards(pydocs)[1], enc, 512, 8192, 8)
+    assert abs(evaluate_bpb(T.load_for_eval(tmp_path / "bf16" / "model.pt", torch.device("cpu")), vb, tb) - r["val_bpb"]) < 1e-6
+
+
+def _compile_spy(monkeypatch):
+    "Count calls of whatever the trainer compiles."
+    calls, real = [], torch.compile
+    def spy(fn, **kw):
+        compiled = real(fn, **kw)
+        def run(*a, **k):
+            calls.append(1)
+            return compiled(*a, **k)
+        return run
+    monkeypatch.setattr(torch, "compile", spy)
+    return calls
+
+
+# Inductor fuses elementwise ops and reorders reductions, so a compiled step differs from the eager one by float
+# rounding (~1e-7 relative); Muon's bf16 Newton–Schulz amplifies such differences (a 1e-7 input change moves a bf16
+# NS output by up to ~1%), so after 10 steps the losses agree to about 1e-4 relative (measured: 3e-5), not bit for bit.
+def test_compile_runs_the_loss_path_and_matches_eager(pydocs, tmp_path, monkeypatch):
+    calls = _compile_spy(monkeypatch)
+    rc = T.train("cpu-micro", pydocs, tmp_path / "c", steps=10, sets=["compile=true"] + FAST, verbose=False)
+    assert len(calls) == 2 + 10, calls  # two warm-up steps (compilation, recompiles) + 10 charged steps
+    re_ = T.train("cpu-micro", pydocs, tmp_path / "e", steps=10, sets=FAST, verbose=False)
+    lc, le = _losses(tmp_path / "c"), _losses(tmp_path / "e")
+    print("compiled", lc, "\neager   ", le, f"\ncompile_s {rc['compile_s']:.1f}, warmup_s {rc['warmup_s']:.1f}, train_s {rc['train_s']:.1f}")
+    assert len(lc) == len(le) == 10
+    assert max(abs(a - b) / b for a, b in zip(lc, le)) < 1e-3
+    assert rc["compile_s"] > rc["max_step_s"] and rc["warmup_s"] >= rc["compile_s"] and re_["compile_s"] is None
+    assert rc["train_s"] < rc["warmup_s"] + rc["train_s"] - rc["compile_s"]  # compilation is not in the charged time
+
+
+@pytest.mark.slow
+def test_compile_matches_eager_cpu_tiny(pydocs, tmp_path):
+    "The same on the 4-layer preset (a bigger graph: slow on 2 CPU cores)."
+    for name, sets in (("c", ["compile=true"]), ("e", [])):
+        T.train("cpu-tiny", pydocs, tmp_path / name, steps=10, sets=sets + FAST, verbose=False)
+    lc, le = _losses(tmp_path / "c"), _losses(tmp_path / "e")
+    assert max(abs(a - b) / b for a, b in zip(lc, le)) < 1e-3
+
+
+def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
+    "lr=1e9 under AdamW: the softcap keeps the loss finite at ln V; that is divergence, exit 1, nothing saved."
+    out = tmp_path / "blow"
+    r = cli("train", "--config", "cpu-micro", "--steps", "30", "--data", pydocs, "--out", out,
+            "--set", "optim=adamw", "--set", "lr=1e9", "--set", "eval_tokens=8192", "--quiet")
+    assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    res = json.loads((out / "result.json").read_text())
+    assert res["status"] == "diverged" and res["val_bpb"] is None and "ln V" in res["diverged_because"]
+    assert r.stdout.strip().splitlines()[-1] == "val_bpb=nan (diverged)"
+    assert not (out / "model.pt").exists() and not (out / "resume.pt").exists()
+
+
+def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    T.train("cpu-micro", pydocs, out, steps=5, sets=FAST, verbose=False)
+    good = {f: (out / f).read_bytes() for f in ("model.pt", "resume.pt")}
+    real_step, calls = T.train_step, []
+    def poisoned(model, *a, **k):
+        loss = real_step(model, *a, **k); calls.append(1)
+        if len(calls) == 1 + 12:  # after the warm-up step and 12 charged steps: between the log steps 10 and 20
+            with torch.no_grad(): model.blocks[0].mlp.w_up.weight[0, 0] = float("nan")
+        return loss
+    monkeypatch.setattr(T, "train_step", poisoned)
+    r = T.train("cpu-micro", pydocs, out, budget_s=600, resume=True, sets=FAST + ["log_every=10"], verbose=False,
+                callback=lambda rec: rec["step"] >= 40)
+    assert r["status"] == "diverged" and r["steps"] <= 5 + 20, r
+    assert {f: (out / f).read_bytes() == b for f, b in good.items()} == {"model.pt": True, "resume.pt": True}
+    assert torch.isfinite(T.load_for_eval(out / "model.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
+
+
+def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
+    "A NaN produced by the very last step (no loss has seen it yet) is caught by the check before saving."
+    real_step, calls = T.train_step, []
+    def poisoned(model, *a, **k):
+        loss = real_step(model, *a, **k); calls.append(1)
+        if len(calls) == 1 + 6: model.lm_head.weight.data[3, 3] = float("inf")
+        return loss
+    monkeypatch.setattr(T, "train_step", poisoned)
+    r = T.train("cpu-micro", pydocs, tmp_path / "last", steps=6, sets=FAST, verbose=False)
+    assert r["status"] == "diverged" and not (tmp_path / "last" / "model.pt").exists()
+
+
+def test_no_step_at_lr_multiplier_zero(pydocs, tmp_path):
+    for name, kw in (("steps", dict(steps=4)), ("budget", dict(budget_s=2))):
+        T.train("cpu-micro", pydocs, tmp_path / name, sets=FAST + ["log_every=1", "warmup_frac=0.5"], verbose=False, **kw)
+        lrs = [json.loads(l)["lr_mult"] for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert lrs and min(lrs) > 0, (name, lrs)
+
+
+def test_charge_warmup_counts_the_warmup(pydocs, tmp_path):
+    "With charge_warmup the budget starts with the warm-up already spent: only what is left of it is trained."
+    budget = 3
+    r = T.train("cpu-micro", pydocs, tmp_path / "cw", budget_s=budget, sets=FAST + ["charge_warmup=true"], verbose=False)
+    assert r["train_s"] >= r["warmup_s"] > 0
+    assert r["train_s"] - r["warmup_s"] <= max(0.0, budget - r["warmup_s"]) + r["max_step_s"]
+
+
+def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkeypatch):
+    T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST, verbose=False)
+    ck = tmp_path / "r" / "model.pt"
+    ops._load_kernels()
+    def refuse(*a, **k): raise AssertionError("an nki-sim kernel ran")
+    for op in ops.OPS: monkeypatch.setitem(ops._IMPLS[op], "nki-sim", refuse)
+    idx = torch.randint(0, 8192, (1, 128))
+    with ops.use_backend("nki-sim"):  # what a process with kernels selected looks like
+        m = T.load_for_eval(ck, torch.device("cpu"))
+        logits = m(idx)                            # the scorer's forward: plain PyTorch ops
+        assert ops._state["spec"] == {op: "nki-sim" for op in ops.OPS}  # the process-wide setting is untouched
+        with pytest.raises(AssertionError, match="nki-sim kernel ran"):
+            T.load_for_eval(ck, torch.device("cpu"), kernels=None)(idx)  # opting out follows the process setting
+    with ops.use_backend("torch"):  # the same logits as an unpinned model on the torch backend
+        ref = GPT(m.cfg); ref.load_state_dict(m.state_dict())
+        torch.testing.assert_close(ref.eval()(idx), logits)
+
+
+def test_model_pt_is_weights_only_and_resume_pt_has_the_rest(pydocs, tmp_path):
+    T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST, verbose=False)
+    m = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    r = torch.load(tmp_path / "r" / "resume.pt", weights_only=True)
+    assert sorted(m) == ["model", "model_config", "train_config"]
+    assert {"optimizers", "state", "rng"} <= set(r) and r["state"]["step"] == 2
+    assert all(torch.equal(m["model"][k], r["model"][k]) for k in m["model"])
+
+
+def test_mfu_counts_the_cores_each_process_drives(monkeypatch):
+    neuron = SimpleNamespace(type="neuron")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    assert T.hw_name(neuron) == "trn2-lnc2"  # LNC=2 is the trn2 default
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    from neuronfrontier import hw
+    lnc2 = hw.mfu(1e5, 6e8, T.hw_name(neuron))
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert T.hw_name(neuron) == "trn2-core"
+    assert lnc2 == pytest.approx(hw.mfu(1e5, 6e8, T.hw_name(neuron)) / 2)
+
+
+def test_every_preset_trains_at_least_at_its_scored_length():
+    for name in CONFIGS:
+        m, t = resolve(name)
+        assert m.seq_len >= t.eval_seq_len, name
+    assert resolve("dense-124m")[0].seq_len == resolve("dense-124m")[1].eval_seq_len == 2048
+    with pytest.raises(ValueError, match="exceeds seq_len"):
+        resolve("cpu-tiny", sets=["seq_len=256"])
+
+
+def test_scoring_at_the_eval_length_is_not_worse_than_at_half_of_it(pydocs, tmp_path):
+    "The same targets scored in full 512-token rows and in 256-token halves: the longer context must not cost bpb."
+    T.train("cpu-micro", pydocs, tmp_path / "r", steps=60, sets=FAST, verbose=False)
+    m = T.load_for_eval(tmp_path / "r" / "model.pt", torch.device("cpu"))
+    enc, tb = load_tokenizer(pydocs / "tokenizer")
+    _, t = resolve("cpu-micro")
+    vb = val_batches(find_shards(pydocs)[1], enc, t.eval_seq_len, 16384, 8)
+    halves = [(x.reshape(-1, t.eval_seq_len // 2), y.reshape(-1, t.eval_seq_len // 2)) for x, y in vb]
+    full, half = evaluate_bpb(m, vb, tb), evaluate_bpb(m, halves, tb)
+    print(f"bpb on 512-token rows {full:.4f}, on the same targets in 256-token rows {half:.4f}")
+    assert full <= half + 0.005
