@@ -179,6 +179,7 @@ class TrainConfig:
     eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
     log_every: int = 10
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
+    ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
@@ -200,6 +201,7 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
+    if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666

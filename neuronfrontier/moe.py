@@ -15,7 +15,8 @@ from . import ops
 
 # %% auto #0
 __all__ = ['BLOCK', 'EXPERT_IMPL', 'expert_capacity', 'Router', 'balance_losses', 'Dispatch', 'dispatch', 'gather_rows',
-           'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_parallel', 'ep_sync_grads', 'gather_experts']
+           'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_groups', 'expert_parallel', 'expert_shards',
+           'ep_sync_grads', 'ep_clip_grad_norm_', 'gather_experts']
 
 # %% ../nbs/05_moe.ipynb #7c7a87d7
 BLOCK = TILE   # rows of one expert block: the TensorEngine's 128 partitions
@@ -175,7 +176,7 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_up = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_down = nn.Parameter(torch.zeros(E, f, d))
-        self.ep_group, self.ep_size, self.ep_rank = None, 1, 0   # expert parallelism (group None: the world): `expert_parallel`
+        self.ep_group, self.ep_size, self.ep_rank, self.dp_group = None, 1, 0, None   # expert parallelism: `expert_parallel`
         self.aux_loss, self.stats = None, {}
 
     def experts(self, xb: torch.Tensor, block_expert: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -219,9 +220,21 @@ class MoE(nn.Module):
 # %% ../nbs/05_moe.ipynb #d44c412a
 def _moe_layers(model) -> list[MoE]: return [m for m in model.modules() if isinstance(m, MoE)]
 
-def expert_parallel(model: nn.Module, group=None) -> int:
+def expert_groups(world: int, ep: int):
+    """(expert-parallel group, data-parallel group) of this rank, for `world` ranks in blocks of `ep`: ranks
+    g·ep … (g+1)·ep − 1 share out the experts; the ranks holding the same experts (rank mod ep) are its data-parallel
+    replicas. Every rank creates every group, in the same order, as `dist.new_group` requires."""
+    if ep < 1 or world % ep: raise ValueError(f"--ep {ep}: must divide the {world} ranks (--nproc)")
+    rank, mine = dist.get_rank(), {}
+    for ranks in [list(range(g * ep, (g + 1) * ep)) for g in range(world // ep)] + [list(range(s, world, ep)) for s in range(ep)]:
+        grp = dist.new_group(ranks)
+        if rank in ranks: mine["dp" if len(mine) else "ep"] = grp
+    return mine["ep"], mine["dp"]
+
+def expert_parallel(model: nn.Module, group=None, dp_group=None) -> int:
     """Shard the experts of every MoE layer of `model` over the ranks of `group` (default: the world): rank r keeps
-    experts r·E/P … (r+1)·E/P − 1. Call on identically initialised replicas; returns P."""
+    experts r·E/P … (r+1)·E/P − 1. `dp_group`: the ranks that hold the same experts (None: this rank alone). Call on
+    identically initialised replicas; returns P."""
     P, r = dist.get_world_size(group), dist.get_rank(group)
     for m in _moe_layers(model):
         E = m.cfg.n_experts
@@ -231,17 +244,41 @@ def expert_parallel(model: nn.Module, group=None) -> int:
         El = E // P
         for name in ("w_gate", "w_up", "w_down"):
             setattr(m, name, nn.Parameter(getattr(m, name).detach()[r * El:(r + 1) * El].clone()))
-        m.ep_group, m.ep_size, m.ep_rank = group, P, r
+        m.ep_group, m.ep_size, m.ep_rank, m.dp_group = group, P, r, dp_group
     return P
 
+def expert_shards(model: nn.Module) -> list[nn.Parameter]:
+    "The expert weights `expert_parallel` sharded (empty without expert parallelism)."
+    return [p for m in _moe_layers(model) if m.ep_size > 1 for p in (m.w_gate, m.w_up, m.w_down)]
+
 def ep_sync_grads(model: nn.Module):
-    "After backward with expert and data parallelism: average replicated gradients over the ranks, divide expert gradients by P."
-    experts = {id(p) for m in _moe_layers(model) if m.ep_size > 1 for p in (m.w_gate, m.w_up, m.w_down)}
-    world = dist.get_world_size()
+    """After backward with expert and data parallelism: average the replicated gradients over all ranks; an expert
+    shard's gradient already sums its expert-parallel group's tokens, so it is summed over its data-parallel replicas
+    and divided by the world size. Both are then the gradient of the mean of all ranks' losses."""
+    shards, world = expert_shards(model), dist.get_world_size()
+    ids = {id(p) for p in shards}
     for p in model.parameters():
         if p.grad is None: continue
-        if id(p) in experts: p.grad.div_(world)
-        else: dist.all_reduce(p.grad); p.grad.div_(world)
+        if id(p) not in ids: dist.all_reduce(p.grad)
+        p.grad.div_(world)
+    dp = _moe_layers(model)[0].dp_group if shards else None
+    if dp is not None and dist.get_world_size(dp) > 1:
+        for p in shards: dist.all_reduce(p.grad, group=dp)
+
+def ep_clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_` with sharded experts: the norm over the whole model (the replicated gradients once, every
+    expert shard of the expert-parallel group once), so every rank scales by the same factor as one process would."""
+    shards = expert_shards(model)
+    ids = {id(p) for p in shards}
+    zero = torch.zeros((), device=shards[0].device)
+    sq = lambda ps: sum((p.grad.float().pow(2).sum() for p in ps if p.grad is not None), zero)
+    ex = sq(shards)
+    dist.all_reduce(ex, group=_moe_layers(model)[0].ep_group)
+    total = (sq(p for p in model.parameters() if id(p) not in ids) + ex).sqrt()
+    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for p in model.parameters():
+        if p.grad is not None: p.grad.mul_(coef.to(p.grad.dtype))
+    return total
 
 def gather_experts(model: nn.Module):
     "Undo `expert_parallel`: every rank gets all experts back (all_gather), e.g. to consolidate a checkpoint."
@@ -252,4 +289,4 @@ def gather_experts(model: nn.Module):
             parts = [torch.empty_like(w) for _ in range(m.ep_size)]
             dist.all_gather(parts, w, group=m.ep_group)
             setattr(m, name, nn.Parameter(torch.cat(parts)))
-        m.ep_group, m.ep_size, m.ep_rank = None, 1, 0
+        m.ep_group, m.ep_size, m.ep_rank, m.dp_group = None, 1, 0, None

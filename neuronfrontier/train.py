@@ -12,6 +12,7 @@ import torch.distributed as dist
 from .config import ModelConfig, TrainConfig, resolve, config_dict
 from .data import find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader, val_batches, unigram_bpb
 from .model import GPT
+from .moe import expert_parallel, expert_groups, expert_shards, ep_sync_grads, ep_clip_grad_norm_, gather_experts
 from .optim import build_optimizers, lr_multiplier, apply_schedule
 from .evaluate import evaluate_sums, bpb
 from . import ops, hw
@@ -144,8 +145,12 @@ def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, los
             loss = loss_fn(x, y) / tcfg.grad_accum
         loss.backward()
         total += loss.detach()
-    average_gradients(model.parameters(), world)
-    if tcfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+    sharded = bool(expert_shards(model))  # expert parallelism: expert gradients averaged over their replicas only
+    if sharded: ep_sync_grads(model)
+    else: average_gradients(model.parameters(), world)
+    if tcfg.grad_clip:
+        if sharded: ep_clip_grad_norm_(model, tcfg.grad_clip)
+        else: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
     for o in opts: o.step()
     for o in opts: o.zero_grad(set_to_none=True)
     model.after_step()          # e.g. the loss-free balancing bias of MoE routers
@@ -349,7 +354,11 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
-    opts = build_optimizers(model, tcfg, print_table=False)
+    if tcfg.ep > 1:  # experts shared out over groups of `ep` ranks (identically initialised replicas first)
+        if not mcfg.n_experts: raise ValueError(f"--ep {tcfg.ep}: {config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
+        if resume: raise ValueError(f"--resume with --ep {tcfg.ep}: resuming an expert-parallel run is not supported; run without --ep")
+        expert_parallel(model, *expert_groups(world, tcfg.ep))
+    opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)  # Muon on each rank's own experts
     loader = PackedLoader(train_paths, enc, tcfg.batch_size * world, mcfg.seq_len, seed=seed)  # the global batch
     state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
     if ck is not None:
@@ -401,7 +410,7 @@ def save_checkpoints(run: Run):
     if run.lead:
         state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
         save_model(run.ck_path, run.model, run.tcfg)
-        save_resume(run.rs_path, run.model, run.opts, state, run.tcfg)
+        if run.tcfg.ep == 1: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg)  # expert-parallel optimiser states stay sharded
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
@@ -472,7 +481,9 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
     if status != "diverged" and agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
         status, why = "diverged", f"non-finite loss or weights by step {state['step']}"  # the steps since the last read, and the last update
     if status == "diverged": run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
-    else: save_checkpoints(run)
+    else:
+        gather_experts(run.model)  # expert parallelism: every rank the whole model again, to save and evaluate it
+        save_checkpoints(run)
     man = read_manifest(run.tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
            "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
@@ -518,6 +529,8 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
     if ckpt_every_s is not None and ckpt_every_s <= 0: raise ValueError(f"--ckpt-every {ckpt_every_s:g}: must be > 0 seconds")
     run = setup(config, data_dir, out_dir, steps, budget_s, seed, device, sets, recipe, resume, verbose)
     try:
+        if ckpt_every_s is not None and run.tcfg.ep > 1:
+            raise ValueError(f"--ckpt-every with --ep {run.tcfg.ep}: periodic checkpoints of an expert-parallel run are not supported; drop --ckpt-every")
         mode = budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
         clock = Clock(run.dev, mode, startup_allowance_s, t0)
         run.say(f"{config}: {run.mcfg.n_params()/1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, device {run.dev}"
