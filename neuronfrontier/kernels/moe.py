@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from .. import ops
 from ..hw import PMAX as P, FMAX, core_range, logical_cores
-from ..sim import nki, nl, nisa, simulate, REAL_NKI
+from ..sim import nki, nl, nisa, simulate
 from .swiglu import _isz, _transpose_in
 
 # %% auto #0
