@@ -83,7 +83,7 @@ def test_eval_is_dropless_and_batch_independent():
 
 
 # ---- expert parallelism: 2 gloo processes with EP=2 against one process on the whole batch ----
-import os, socket, subprocess, sys, tempfile
+import os, subprocess, sys, tempfile
 from pathlib import Path
 
 
@@ -131,18 +131,11 @@ def _ep_main(out):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.mark.slow   # two torchrun ranks + pytest startup: 131 s at nice 19 under load 8 (measured on CPU); passes
+@pytest.mark.slow   # two torchrun ranks + pytest startup: 131-231 s at nice 19 under load 8 (measured on CPU); passes
 def test_expert_parallel_two_ranks_match_one_process():
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "ep")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), __file__, out]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__, out]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
