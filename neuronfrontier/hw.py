@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, replace
 
 # %% auto #0
 __all__ = ['KiB', 'MiB', 'GiB', 'TRN2', 'TRN2_CORE', 'TRN2_LNC2', 'H200', 'H100', 'CPU', 'DEVICES', 'PMAX', 'FMAX', 'MAX_LNC',
-           'INSTRUCTION_LIMIT', 'HardwareSpec', 'logical_cores', 'core_range', 'get_device', 'mfu', 'estimate_time']
+           'INSTRUCTION_LIMIT', 'STEP_OPS', 'HardwareSpec', 'logical_cores', 'core_range', 'get_device', 'mfu',
+           'estimate_time', 'Work', 'matmul_work', 'elementwise_work', 'collective_work', 'kernel_work',
+           'step_estimate']
 
 # %% ../nbs/10_hardware.ipynb #397ee5b9
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
@@ -121,4 +123,135 @@ def estimate_time(trace, hw=TRN2, cores=1, breakdown=False):
     t['hbm'] = (trace.hbm_read_bytes + trace.hbm_write_bytes) / bw
     total = max(t.values())
     if not breakdown: return total
-    return dict(t, total=total, bound=max(t, key=t.get), label='roofline estimate')
+    return dict(t, total=total, serial=sum(t.values()), bound=max(t, key=t.get), label='roofline estimate')
+
+# %% ../nbs/10_hardware.ipynb #2e900950
+_COUNTERS = ('pe_cycles', 'vector_elems', 'scalar_elems', 'gpsimd_elems', 'hbm_read_bytes', 'hbm_write_bytes', 'tensor_flops')
+
+@dataclass(frozen=True)
+class Work:
+    "Engine counters of one piece of a training step (a kernel's `Trace`, a plain matmul, an elementwise pass); add and scale them."
+    pe_cycles: float = 0
+    vector_elems: float = 0
+    scalar_elems: float = 0
+    gpsimd_elems: float = 0
+    hbm_read_bytes: float = 0
+    hbm_write_bytes: float = 0
+    tensor_flops: float = 0
+
+    @classmethod
+    def of(cls, trace, times=1):
+        "The counters of a simulator `Trace` (or anything with them), `times` over."
+        return cls(**{f: getattr(trace, f, 0) * times for f in _COUNTERS})
+    def __add__(self, o): return Work(**{f: getattr(self, f) + getattr(o, f) for f in _COUNTERS})
+    def __radd__(self, o): return self if o == 0 else self + o
+    def __mul__(self, k): return Work(**{f: getattr(self, f) * k for f in _COUNTERS})
+    __rmul__ = __mul__
+    @property
+    def hbm_bytes(self): return self.hbm_read_bytes + self.hbm_write_bytes
+
+def matmul_work(M, K, N, itemsize=2) -> Work:
+    """C[M, N] = A[M, K] B[K, N] at full TensorEngine occupancy: ⌈M/128⌉·⌈K/128⌉ stationary tiles, each streaming N
+    moving columns (one per cycle; four in fp32); A and B read and C written once, all of `itemsize` bytes."""
+    tiles = -(-M // PMAX) * -(-K // PMAX)
+    return Work(pe_cycles=tiles * N * (4 if itemsize == 4 else 1), tensor_flops=2 * M * K * N,
+                hbm_read_bytes=(M * K + K * N) * itemsize, hbm_write_bytes=M * N * itemsize)
+
+def elementwise_work(n, reads=1, writes=1, itemsize=2, ops=1) -> Work:
+    "One pass over `n` elements: `reads` tensors read and `writes` written once (HBM), `ops` Vector-engine operations per element."
+    return Work(vector_elems=n * ops, hbm_read_bytes=n * reads * itemsize, hbm_write_bytes=n * writes * itemsize)
+
+def collective_work(nbytes, world, kind='all_reduce', itemsize=4) -> Work:
+    """Per-core HBM traffic and Vector work of a ring collective of `nbytes` over `world` cores (assumption 6 of the
+    step estimate): all_reduce sends and receives 2(p-1)/p of the bytes and adds (p-1)/p of them; all_gather (p-1)/p."""
+    if world <= 1: return Work()
+    f = (world - 1) / world
+    if kind == 'all_reduce': return Work(hbm_read_bytes=3 * f * nbytes, hbm_write_bytes=2 * f * nbytes, vector_elems=f * nbytes / itemsize)
+    if kind == 'all_gather': return Work(hbm_read_bytes=f * nbytes, hbm_write_bytes=f * nbytes)
+    raise ValueError(f"collective_work: kind={kind!r} must be 'all_reduce' or 'all_gather'")
+
+# %% ../nbs/10_hardware.ipynb #ebd22b81
+STEP_OPS = ('embedding', 'attention', 'MLP', 'norms & residual', 'loss', 'optimizer', 'collectives')
+
+def _affine(run, n, n1):
+    "Work at n tokens from runs at n1 and 2·n1 (a fixed part plus a per-token-tile part; assumption 3)."
+    w1 = run(n1)
+    return w1 if n == n1 else w1 + (run(2 * n1) + w1 * -1) * ((n - n1) / n1)
+
+_KERNEL_CACHE: dict = {}
+
+def kernel_work(name: str, *shape) -> Work:
+    """bf16 `Work` of one call (forward + backward) of the kernel `name` on one core, traced by `dry_run` and cached:
+    'attention' (rows, T, d_head), 'rmsnorm' (N, d), 'swiglu' (N, d, F), 'cross_entropy' (N, d, V, softcap), every vocabulary column real."""
+    key = (name, *shape)
+    if key in _KERNEL_CACHE: return _KERNEL_CACHE[key]
+    import numpy as np
+    from neuronfrontier.sim import nl, dry_run
+    from neuronfrontier.kernels import attention as A, rmsnorm as R, swiglu as S, cross_entropy as C
+    bf, f32 = (lambda *s: np.empty(s, nl.bfloat16)), (lambda *s: np.empty(s, np.float32))
+    dry = lambda k, *a: Work.of(dry_run(k[1])(*a))
+    if name == 'attention':
+        rows, T, dh = shape
+        w = (dry(A.flash_fwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh))
+             + dry(A.flash_bwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), bf(1, T, dh), f32(1, T, 1), f32(1, T, 1))) * rows
+    elif name == 'rmsnorm':
+        N, d = shape
+        w = _affine(lambda n: dry(R.rmsnorm_fwd_kernel, bf(n, d), bf(1, d), 1e-6)
+                    + dry(R.rmsnorm_bwd_kernel, bf(n, d), bf(1, d), f32(n, 1), bf(n, d)), N, min(N, 8 * PMAX))
+    elif name == 'swiglu':
+        N, d, F = shape
+        fb, nb = S.fwd_block(d, F, 2), S.bwd_chunk(d, 2)
+        w = sum(_affine(lambda n, f=min(fb, F - f0): dry(S.swiglu_fwd_kernel, bf(n, d), bf(f, d), bf(f, d)), N, min(N, 8 * PMAX))
+                for f0 in range(0, F, fb))
+        bwd = lambda n: dry(S.swiglu_bwd_kernel, bf(n, d), bf(F, d), bf(F, d), bf(n, F))
+        w = w + bwd(nb) * (N // nb) + (bwd(N % nb) if N % nb else Work())
+    elif name == 'cross_entropy':   # linear in token blocks and in vocabulary tiles: extrapolated in both from 2 x 2 dry runs
+        N, d, V, cap = shape
+        tgt, v1 = (lambda n: np.empty((n, 1), np.int32)), min(V, 2 * C.VT)
+        bt_f, bt_b = C._block_tiles(N, d, 2, False), C._block_tiles(N, d, 2, True)
+        fwd = lambda n, v: dry(C.cross_entropy_fwd_kernel, bf(n, d), bf(v, d), tgt(n), v, cap, bt_f)
+        bwd = lambda n, v: dry(C.cross_entropy_bwd_kernel, bf(n, d), bf(v, d), tgt(n), f32(n, 1), f32(n, 1), v, cap, bt_b)
+        w = sum(_affine(lambda v: _affine(lambda n: k(n, v), N, bt * PMAX), V, v1) for k, bt in ((fwd, bt_f), (bwd, bt_b)))
+    else: raise ValueError(f"kernel_work: unknown kernel {name!r}; use attention, rmsnorm, swiglu or cross_entropy")
+    _KERNEL_CACHE[key] = w
+    return w
+
+def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, optim: str = 'muon', hw=TRN2) -> dict:
+    """Roofline estimate of one bf16 training step of the GPT `cfg` (a ModelConfig) per NeuronCore: `batch` sequences of
+    `seq_len` tokens (default cfg.seq_len) on each of `world` cores, data parallel, optimizer `optim` ('muon' | 'adamw').
+    Returns {'ops': {op: estimate_time breakdown + 'work'}, 'step_s', 'serial_s', 'tokens_per_s' (chip), 'mfu', ...}."""
+    if optim not in ('muon', 'adamw'): raise ValueError(f"step_estimate: optim={optim!r} must be 'muon' or 'adamw'")
+    from neuronfrontier.optim import ns_flops, muon_shapes
+    T = seq_len or cfg.seq_len
+    N, d, L, H, dh, a, F, V = batch * T, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_attn, cfg.d_mlp, cfg.padded_vocab
+    ew = elementwise_work
+    proj = [(N, d, a)] * 3 + [(N, a, d)]                          # q, k, v, o projections [M, K, N]
+    mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
+    layer = dict(
+        attention=(kernel_work('attention', batch * H, T, dh) + mm(proj)
+                   + ew(2 * N * a, ops=6) * 2                     # RoPE on q and k, forward and backward (fp32 math)
+                   + ew(N * a) * 9                                # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
+                   + ew(N * a, reads=2, writes=0, ops=2)          # D = rowsum(dO ⊙ O)
+                   + (kernel_work('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work())),
+        MLP=kernel_work('swiglu', N, d, F) + mm([(N, F, d)]),
+        norms=kernel_work('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4)   # two residual adds forward, two gradient sums backward
+    P_mat, P_all = sum(m * n for m, n in muon_shapes(cfg)), cfg.n_params()   # block matrices; all parameters
+    if optim == 'muon':
+        shapes = muon_shapes(cfg)                                 # NS on this core's share of each shape's matrices
+        own = sum(-(-shapes.count(shp) // world) * ns_flops(shp) for shp in set(shapes))
+        opt = (ew(P_mat, reads=3, writes=2, itemsize=4, ops=6) + ew(P_all - P_mat, reads=4, writes=3, itemsize=4, ops=10)
+               + Work(pe_cycles=own / (2 * PMAX * PMAX), tensor_flops=own))   # NS as bf16 matmuls, full occupancy
+        coll = collective_work(4 * P_all, world) + collective_work(4 * P_mat, world, 'all_gather')
+    else:
+        opt, coll = ew(P_all, reads=4, writes=3, itemsize=4, ops=10), collective_work(4 * P_all, world)
+    works = {'embedding': ew(N * d, itemsize=4) + ew(N * d, reads=2, itemsize=4),   # gather; scatter-add of the gradient
+             'attention': layer['attention'] * L, 'MLP': layer['MLP'] * L,
+             'norms & residual': layer['norms'] * L + kernel_work('rmsnorm', N, d),
+             'loss': kernel_work('cross_entropy', N, d, V, float(cfg.softcap)),
+             'optimizer': opt, 'collectives': coll}
+    ops_ = {k: dict(estimate_time(w, hw, breakdown=True), work=w) for k, w in works.items()}
+    step = sum(o['total'] for o in ops_.values())
+    tps = world * N / step
+    return dict(ops=ops_, step_s=step, serial_s=sum(o['serial'] for o in ops_.values()), tokens_per_s=tps,
+                mfu=mfu(tps, cfg.flops_per_token(T), get_device(hw).with_cores(world)), tokens_per_step=world * N, world=world, batch=batch, seq_len=T,
+                label='roofline estimate')

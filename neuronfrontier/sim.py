@@ -432,6 +432,7 @@ class Trace:
     engine_instructions: dict = field(default_factory=dict)  # ISA instructions by engine, as the compiler emits them
     program_instructions: list = field(default_factory=list) # ISA instructions of each core's program
     timeline: list = field(default_factory=list, repr=False)  # (call index, live SBUF B/partition, live PSUM B/partition)
+    timeline_ops: list = field(default_factory=list, repr=False)  # (call, engine) of each timeline sample
     wall_s: float = 0.0           # host seconds the simulation took
     dry: bool = False             # counted by `dry_run` (no numerics)
 
@@ -612,6 +613,7 @@ def _tick(op, eng, n_isa=1, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None):
     st = _st(); tr = st.trace
     tr.instructions[op] = tr.instructions.get(op, 0) + 1
     tr.engine_instructions[eng] = tr.engine_instructions.get(eng, 0) + n_isa
+    if not st.dry: tr.timeline_ops.append((op, eng))
     st.prog += n_isa
     tr.vector_elems += vec; tr.scalar_elems += act; tr.gpsimd_elems += pool
     tr.tensor_flops += flops; tr.pe_cycles += pe

@@ -10,7 +10,7 @@ from pathlib import Path
 from .config import ModelConfig, TrainConfig, resolve
 
 # %% auto #0
-__all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_settings', 'setting_dir', 'run_result',
+__all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_settings', 'setting_dir', 'scored', 'run_result',
            'available_cpus', 'slot_cores', 'summarize', 'pareto_front', 'table_md', 'plot_sweep', 'collect',
            'write_outputs', 'run_sweep']
 
@@ -60,11 +60,15 @@ FINAL = ("completed", "diverged")
 
 def setting_dir(out, name: str) -> Path: return Path(out) / (re.sub(r"[^\w.=+-]+", "_", name).strip("_") or "default")
 
+def scored(res: dict | None) -> bool:
+    "Whether a `result.json` is the final one: `train` writes it before evaluating (val_bpb null) and again after; a diverged run is not evaluated."
+    return res is not None and (res.get("val_bpb") is not None or res.get("status") == "diverged")
+
 def run_result(run_dir) -> dict | None:
     "The run's result.json if it is complete and final (completed or diverged), else None."
     try: r = json.loads((Path(run_dir) / "result.json").read_text())
     except (OSError, ValueError): return None
-    return r if isinstance(r, dict) and r.get("status") in FINAL and "val_bpb" in r else None
+    return r if isinstance(r, dict) and r.get("status") in FINAL and scored(r) else None
 
 def available_cpus() -> list[int]:
     "The CPUs this process may run on."

@@ -544,7 +544,9 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         if run.state["last_step_ns"]: wd.record(run.state["last_step_ns"])
         else: run.state["last_step_ns"] = warm_ns[-1]
         status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s)
-        return finish(run, clock, wd, warm_ns, status, why, last_loss)
+        res = finish(run, clock, wd, warm_ns, status, why, last_loss)
+        if run.world > 1: dist.barrier(group=run.ctrl)  # no rank tears the group down while another still uses it
+        return res
     finally:
         run.batches.close()
         if run.owned: dist.destroy_process_group()

@@ -1,4 +1,4 @@
-import os, subprocess, sys
+import os, socket, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -18,6 +18,11 @@ def cli(*args, cwd=None, timeout=900):
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "neuronfrontier.cli"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env)
+
+
+def free_port() -> int:
+    "A TCP port on 127.0.0.1 that nothing listens on right now."
+    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
 @pytest.fixture

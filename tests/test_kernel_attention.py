@@ -1,11 +1,12 @@
 "Shapes the notebook (nbs/14_kernel_attention.ipynb) does not run: odd head counts, T not a power of two, batch 3, the model path."
 import pytest, torch
+import numpy as np
 import torch.nn.functional as F
 from neuronfrontier import ops
-from neuronfrontier.sim import REAL_NKI, last_trace, simulate
+from neuronfrontier.sim import REAL_NKI, last_trace, simulate, nl
 from neuronfrontier.testing import attention_errors, train_losses, compare_backends, traffic
 from neuronfrontier.kernels.attention import (attention_nki_sim, check_args, TOL, NKI_REGISTERED, _register_nki,
-                                              flash_fwd_kernel, flash_bwd_kernel, hbm_traffic)
+                                              flash_fwd_kernel, flash_bwd_kernel, hbm_traffic, sbuf_bytes, kv_resident)
 
 
 @pytest.mark.parametrize("B,H,T,d,dtype", [
@@ -41,7 +42,7 @@ def test_skips_masked_tiles():
     with ops.use_backend("attention=nki-sim"): y = ops.attention(q, k, v)
     y.sum().backward()
     n = 1024 // 128
-    assert last_trace().instructions["nc_transpose"] == n * (n + 1) // 2          # backward: one dSᵀ per pair
+    assert last_trace().instructions["nc_transpose"] == n * (n + 1) // 2 + 4 * n  # backward: dSᵀ per pair; Q, dOᵀ, K, Vᵀ per tile
     assert last_trace().instructions["affine_select"] == n                       # only diagonal tiles are masked
 
 
@@ -54,13 +55,13 @@ def test_one_or_two_logical_cores(monkeypatch, lnc):
     assert last_trace().lnc == int(lnc) and len(last_trace().program_instructions) == int(lnc)
 
 
-def _kernel_args(BH, T, d, lnc, seed):
-    "Seeded fp32 inputs of the forward kernel and of the backward kernel (its lse and D from a simulated forward)."
-    torch.manual_seed(seed)
-    q, k, v, do = (torch.randn(BH, T, d) for _ in range(4))
-    qT, kT, vT, doT = (x.transpose(1, 2).contiguous() for x in (q, k, v, do))
+def _kernel_args(BH, T, d, lnc, seed, dtype=torch.float32):
+    "Seeded inputs of the forward kernel and of the backward kernel (its lse and D from a simulated forward)."
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(BH, T, d, generator=g).to(dtype) for _ in range(4))
+    qT, kT = (x.transpose(1, 2).contiguous() for x in (q, k))
     o, lse = simulate(flash_fwd_kernel[lnc])(qT, kT, v)
-    return (qT, kT, v), (qT, kT, vT, q, k, do, doT, lse, (do * o).sum(-1, keepdim=True))
+    return (qT, kT, v), (qT, kT, v, do, lse, (do.float() * o.float()).sum(-1, keepdim=True))
 
 
 def test_dq_accumulates_on_chip():
@@ -69,6 +70,50 @@ def test_dq_accumulates_on_chip():
     t = traffic(flash_bwd_kernel[1], *_kernel_args(BH, T, d, 1, seed=0)[1])
     assert hbm_traffic(BH, T, d, 4)["bwd"] == dict(read=t.hbm_read_bytes, written=t.hbm_write_bytes)
     assert t.hbm_write_bytes == 3 * BH * T * d * 4 and "dma_compute" not in t.instructions
+
+
+@pytest.mark.parametrize("T,d", [(512, 128), (8192, 64)])
+def test_resident_kv_moves_compulsory_bytes(T, d):
+    """bf16: K/V (forward) and Q, dO, L, D (backward) load once per (batch·head), and the backward reads each of Q, K, V,
+    dO in one layout (the others are transposed on chip): HBM traffic = the minimum, every tensor once."""
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    bf = lambda *s: np.empty(s, nl.bfloat16)
+    f32 = lambda *s: np.empty(s, np.float32)
+    fwd = (bf(1, d, T), bf(1, d, T), bf(1, T, d))
+    bwd = (bf(1, d, T), bf(1, d, T), bf(1, T, d), bf(1, T, d), f32(1, T, 1), f32(1, T, 1))
+    minimum = dict(fwd=3 * 2 * T * d + 2 * T * d + 4 * T,       # Qᵀ, Kᵀ, V; O, L
+                   bwd=4 * 2 * T * d + 2 * 4 * T + 3 * 2 * T * d)   # Q, K, V, dO; L, D; dQ, dK, dV
+    for kind, kern, args in (("fwd", flash_fwd_kernel, fwd), ("bwd", flash_bwd_kernel, bwd)):
+        assert kv_resident(kind, T, d, 2)
+        t = traffic(kern[1], *args, dry=True)
+        assert t.hbm_bytes == minimum[kind], (kind, t.hbm_bytes / minimum[kind])
+        assert t.peak_sbuf_bytes <= sbuf_bytes(kind, T, d, 2, True) <= nl.tile_size.total_available_sbuf_size
+
+
+def test_streaming_fallback_below_the_budget():
+    "A budget one byte below the resident plan: the kernels stream, with bit-identical results and the streaming traffic."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    T, d = 1152, 64   # three key blocks; at T = 640 the two plans are the same size
+    fa, ba = _kernel_args(1, T, d, 1, seed=5)
+    for kind, kern, args in (("fwd", flash_fwd_kernel, fa), ("bwd", flash_bwd_kernel, ba)):
+        budget = sbuf_bytes(kind, T, d, 4, True) - 1
+        assert not kv_resident(kind, T, d, 4, budget)
+        res, res_t = simulate(kern[1])(*args), last_trace()
+        st, st_t = simulate(kern[1])(*args, budget), last_trace()
+        assert all(torch.equal(a, b) for a, b in zip(res, st)), kind
+        assert res_t.hbm_bytes < st_t.hbm_bytes
+        for res_plan, t in ((True, res_t), (False, st_t)):
+            want = hbm_traffic(1, T, d, 4, resident=res_plan)[kind]
+            assert (t.hbm_read_bytes, t.hbm_write_bytes) == (want["read"], want["written"]), (kind, res_plan)
+
+
+def test_crossover_lies_past_the_trained_lengths():
+    "The resident plans fit every length this project trains (<= 8,192) at d = 64 and 128, bf16 and fp32; the bwd at d = 128, bf16 stops fitting before 16,384."
+    for kind in ("fwd", "bwd"):
+        for d in (64, 128):
+            for s in (2, 4): assert kv_resident(kind, 8192, d, s), (kind, d, s)
+    assert not kv_resident("bwd", 16384, 128, 2)
+    with pytest.raises(ValueError, match="kind"): sbuf_bytes("fw", 1024, 64, 2, True)
 
 
 @pytest.mark.parametrize("shape,causal,msg", [
@@ -146,3 +191,17 @@ def test_dry_run_counts_the_kernels_exactly():
         for f in ("engine_instructions", "program_instructions", "hbm_read_bytes", "hbm_write_bytes", "peak_sbuf_bytes",
                   "peak_psum_bytes", "pe_cycles", "vector_elems", "scalar_elems", "gpsimd_elems"):
             assert getattr(full, f) == getattr(dry, f), f
+
+
+def test_dense_124m_instructions_stay_below_the_compiler_limit():
+    "The resident kernels at T = 2,048, 16 x 12 heads on 2 logical cores: 96 rows per core, each row's program identical."
+    from neuronfrontier.hw import INSTRUCTION_LIMIT
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    bf = lambda *s: np.empty(s, nl.bfloat16)
+    f32 = lambda *s: np.empty(s, np.float32)
+    T, d, rows = 2048, 64, 16 * 12 // 2
+    fwd = traffic(flash_fwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), dry=True)
+    bwd = traffic(flash_bwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), bf(2, T, d), f32(2, T, 1), f32(2, T, 1), dry=True)
+    for t in (fwd, bwd):
+        per_row = t.max_program_instructions          # one row per core
+        assert per_row * rows < INSTRUCTION_LIMIT / 10, per_row * rows

@@ -109,6 +109,7 @@ def _torchrun_main(out, dtype_name):
         rank, world = dist.get_rank(), dist.get_world_size()
         assert _dist_info(None) == (rank, world)
         torch.save(_train(rank, world, getattr(torch, dtype_name)), f"{out}.{rank}")
+        dist.barrier()  # neither rank tears gloo down while the other still talks to it (that aborted ~1 run in 4)
     finally:
         dist.destroy_process_group()
 

@@ -644,6 +644,8 @@ def test_trace_engine_instructions_and_elements():
     assert tr.engine_instructions == dict(dma=1, scalar=2, gpsimd=2, vector=2, tensor=2) and tr.n_instructions == 9
     assert (tr.scalar_elems, tr.gpsimd_elems, tr.vector_elems) == (8192, 2 * 8192, 2 * 8192)
     assert tr.program_instructions == [9] and len(tr.timeline) == 7   # one sample per call
+    assert tr.timeline_ops == [('nl.load', 'dma'), ('activation', 'scalar'), ('tensor_scalar', 'gpsimd'), ('iota', 'gpsimd'),
+                               ('tensor_tensor', 'vector'), ('tensor_reduce', 'vector'), ('nc_matmul', 'tensor')]   # what each sample follows
     t = estimate_time(tr, breakdown=True)
     assert t['label'] == 'roofline estimate' and t['total'] == max(v for k_, v in t.items() if k_ in ('tensor', 'vector', 'scalar', 'gpsimd', 'hbm'))
 

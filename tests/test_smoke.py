@@ -86,6 +86,7 @@ CALLS = {
     "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.sim": _sim,
+    "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(

@@ -6,25 +6,73 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..hw import PMAX as P, FMAX, TRN2, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
-__all__ = ['NEG', 'KB', 'NKI_REGISTERED', 'TOL', 'flash_fwd_kernel', 'flash_bwd_kernel', 'check_args', 'FlashAttentionSim',
-           'attention_nki_sim', 'hbm_traffic']
+__all__ = ['NEG', 'KB', 'NKI_REGISTERED', 'TOL', 'sbuf_bytes', 'kv_resident', 'flash_fwd_kernel', 'flash_bwd_kernel',
+           'check_args', 'FlashAttentionSim', 'attention_nki_sim', 'hbm_traffic']
 
-# %% ../../nbs/14_kernel_attention.ipynb #2d17f246
+# %% ../../nbs/14_kernel_attention.ipynb #fb3b249a
+def _isz(t):
+    "Bytes per element of a kernel tensor (bf16 or fp32)."
+    return 2 if t.dtype == nl.bfloat16 else 4
+
+def sbuf_bytes(kind: str, T: int, d: int, itemsize: int, resident: bool) -> int:
+    """Peak SBUF bytes per partition of one program of the `kind` ('fwd' | 'bwd') kernel on rows of T tokens, d_head d,
+    inputs of `itemsize` bytes, with its resident tiles or streaming: the live tiles at the busiest step as the simulator
+    counts them (a Python reference keeps a tile alive), equal to its measured peak for T >= 1024 and above it below."""
+    s, n, kw = itemsize, T // P, min(T, KB)
+    if kind == "fwd":
+        res = T * s + n * d * s                                 # Kᵀ [d, T], V [128, n, d]
+        work = 4 * kw + 36 + s * (kw + 3 * P) + 4 * d + d * s   # S fp32, 9 fp32 row vectors, P, Qᵢᵀ, Pᵀ, acc, Oᵢ
+        stream = s * (kw + 3 * P + d)                           # the K block and V chunk, next ones in flight
+    elif kind == "bwd":
+        res = 2 * T * s + 2 * n * d * s + 2 * n * 4             # Qᵀ, dOᵀ [d, T], Q, dO [128, n, d], L, D [128, n]
+        work = 4 * n * d + 2 * 4 * P + 6 * P * s + 4 * d * s    # dQ fp32 [128, n, d]; P, dS fp32; Kⱼᵀ, Vⱼᵀ, P, dS, dSᵀ; Kⱼ, Vⱼ, dKⱼ, dVⱼ
+        stream = 2 * P * s + 2 * d * s + 8                      # Qᵢᵀ, dOᵢᵀ [d, 128]; Qᵢ, dOᵢ [128, d]; Lᵢ, Dᵢ
+    else: raise ValueError(f"sbuf_bytes: kind={kind!r} must be 'fwd' or 'bwd'")
+    return work + (res if resident else stream)
+
+def kv_resident(kind: str, T: int, d: int, itemsize: int, budget: int | None = None) -> bool:
+    "Whether the `kind` kernel keeps its re-read operands resident in SBUF for rows of T tokens within `budget` B/partition."
+    return sbuf_bytes(kind, T, d, itemsize, True) <= (budget or TRN2.sbuf_budget_pp)
+
+# %% ../../nbs/14_kernel_attention.ipynb #a82a3f60
 NEG = -1.0e30   # "minus infinity" for masked scores and the initial running max: finite, so no inf - inf on any engine
 KB = FMAX       # forward key-block width: 128 x 512 fp32 scores fill exactly one 2 KiB PSUM bank
 
-def _fwd_head(qT, kT, v, o, lse):
-    "Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM."
+def _to_sbuf(src):
+    "Kernel helper: HBM→SBUF, a new SBUF tile holding the HBM view `src` (its first dim on the partitions), one DMA."
+    t = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=src)
+    return t
+
+def _transpose(dst, src, engine):
+    """Kernel helper: dst = srcᵀ for an SBUF tile src [p, f] (p, f <= 128) — a TensorEngine transpose into PSUM
+    (same dtype), then PSUM→SBUF into dst [f, p] (a new tile or a view of a resident one) on `engine` (a
+    `nisa.engine`: vector or scalar, whichever the kernel keeps less busy; an equal-dtype copy is exact on both). Returns dst."""
+    t_ps = nl.ndarray((src.shape[1], src.shape[0]), dtype=src.dtype, buffer=nl.psum)
+    nisa.nc_transpose(dst=t_ps, data=src)                  # partitions ↔ free
+    nisa.tensor_copy(dst=dst, src=t_ps, engine=engine)     # PSUM→SBUF
+    return dst
+
+def _tiles(x):
+    "The HBM view [T, n] of one (batch·head) as [128, T/128, n]: 128-row tile c at [:, c, :], one DMA for all of them."
+    T, n = x.shape
+    return x.reshape((T // P, P, n)).permute((1, 0, 2))
+
+def _fwd_head(qT, kT, v, o, lse, resident):
+    """Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM.
+    `resident`: Kᵀ and V are loaded into SBUF once and every key block is a view of them; else each block is streamed."""
     d, T = qT.shape
     scale = float(d) ** -0.5
+    if resident:
+        kT_all = _to_sbuf(kT)                              # HBM→SBUF: all of Kᵀ [d, T], once per (batch·head)
+        v_all = _to_sbuf(_tiles(v))                        # HBM→SBUF: all of V as [128, T/128, d], once
     for i in range(T // P):                                # query tiles: rows q0 .. q0+127 on the partitions
         q0 = i * P
-        q_t = nl.ndarray((d, P), dtype=qT.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q_t, src=qT[:, q0:q0 + P])       # HBM→SBUF: Qᵢᵀ, stationary for every key block
+        q_t = _to_sbuf(qT[:, q0:q0 + P])                   # HBM→SBUF: Qᵢᵀ, stationary for every key block
         m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row max
         nisa.memset(dst=m, value=NEG)
         l = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row sum of exp(s - m)
@@ -34,8 +82,7 @@ def _fwd_head(qT, kT, v, o, lse):
         for j in range((q0 + P + KB - 1) // KB):           # key blocks left of the diagonal's end only
             k0 = j * KB
             kw = min(KB, q0 + P - k0)                      # trimmed: keys >= q0+128 are masked for every row
-            k_t = nl.ndarray((d, kw), dtype=kT.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=k_t, src=kT[:, k0:k0 + kw])  # HBM→SBUF: Kᵀ block
+            k_t = kT_all[:, k0:k0 + kw] if resident else _to_sbuf(kT[:, k0:k0 + kw])   # Kᵀ block (streamed: HBM→SBUF)
             s_ps = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=s_ps, stationary=q_t, moving=k_t)           # S = Qᵢ Kᵀ (one PSUM bank)
             s = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.sbuf)
@@ -58,12 +105,10 @@ def _fwd_head(qT, kT, v, o, lse):
             nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=row)
             pv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)  # P V, accumulated over 128-key chunks
             for c in range(kw // P):
-                pT_ps = nl.ndarray((P, P), dtype=v.dtype, buffer=nl.psum)
-                nisa.nc_transpose(dst=pT_ps, data=p[:, c * P:(c + 1) * P])   # keys onto the partitions
-                pT = nl.ndarray((P, P), dtype=v.dtype, buffer=nl.sbuf)
-                nisa.tensor_copy(dst=pT, src=pT_ps)                          # PSUM→SBUF
-                v_t = nl.ndarray((P, d), dtype=v.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=v_t, src=v[k0 + c * P:k0 + (c + 1) * P, :])   # HBM→SBUF: V chunk
+                pT = _transpose(nl.ndarray((P, P), dtype=v.dtype, buffer=nl.sbuf), p[:, c * P:(c + 1) * P],
+                                nisa.engine.vector)                  # keys onto the partitions (ScalarE is busy with exp)
+                kc = k0 // P + c                                             # key tile of this chunk
+                v_t = v_all[:, kc, :] if resident else _to_sbuf(v[kc * P:(kc + 1) * P, :])   # V chunk (streamed: HBM→SBUF)
                 nisa.nc_matmul(dst=pv_ps, stationary=pT, moving=v_t)
             nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                                       operand1=pv_ps)      # a ← α a + P V (reads PSUM)
@@ -79,12 +124,14 @@ def _fwd_head(qT, kT, v, o, lse):
         nisa.dma_copy(dst=lse[q0:q0 + P, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
 
 @nki.jit
-def flash_fwd_kernel(qT, kT, v):
+def flash_fwd_kernel(qT, kT, v, sbuf_budget=0):
     """Causal FlashAttention forward of every (batch·head); launch as `flash_fwd_kernel[lnc]`, lnc = 1 or 2 logical
     cores (with 2, each core takes half of the BH rows).
 
     qT, kT: [BH, d, T] (d on the partitions: the contraction dim of S = Q Kᵀ); v: [BH, T, d].
     d ∈ {64, 128}, T a multiple of 128; fp32 or bf16 (all three the same dtype).
+    sbuf_budget: SBUF bytes per partition the kernel may plan with (0: `nl.tile_size.total_available_sbuf_size`);
+    Kᵀ and V stay resident in SBUF when `kv_resident` says they fit, else they are streamed per key block.
     Returns o [BH, T, d] (dtype of v) and lse [BH, T, 1] fp32, the log-sum-exp of each scaled, masked score row.
     """
     BH, d, T = qT.shape
@@ -92,45 +139,56 @@ def flash_fwd_kernel(qT, kT, v):
     assert T % P == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
     assert tuple(kT.shape) == (BH, d, T), f"flash_fwd_kernel: kT shape {kT.shape} must equal qT shape {qT.shape}"
     assert tuple(v.shape) == (BH, T, d), f"flash_fwd_kernel: v shape {v.shape} must be {(BH, T, d)}"
+    budget = sbuf_budget or nl.tile_size.total_available_sbuf_size
+    resident = kv_resident("fwd", T, d, _isz(v), budget)
+    need = sbuf_bytes("fwd", T, d, _isz(v), resident)
+    assert need <= budget, f"flash_fwd_kernel: T={T}, d={d}: even streaming needs {need} B/partition of SBUF, more than the budget of {budget}"
     o = nl.ndarray((BH, T, d), dtype=v.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((BH, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
-        _fwd_head(qT[bh], kT[bh], v[bh], o[bh], lse[bh])
+        _fwd_head(qT[bh], kT[bh], v[bh], o[bh], lse[bh], resident)
     return o, lse
 
 # %% ../../nbs/14_kernel_attention.ipynb #37b07b11
-def _bwd_head(qT, kT, vT, q, k, do, doT, lse, dsum, dq, dk, dv, dq_in_hbm=False):
+def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
     """Kernel helper: the backward of one (batch·head); inputs as `flash_bwd_kernel`'s without the BH dim, outputs written
-    to dq, dk, dv [T, d] in HBM. dQ accumulates on chip (an fp32 [128, T/128, d] SBUF tile, written once at the end);
-    `dq_in_hbm=True` instead adds each contribution into HBM with `nisa.dma_compute` (kept to measure the two)."""
+    to dq, dk, dv [T, d] in HBM. Each input is read in one layout; the other layouts the matmuls need (Q, dOᵀ, K, Vᵀ)
+    are TensorEngine transposes of SBUF tiles. `resident`: Qᵀ, dO, L, D are loaded into SBUF once and Q, dOᵀ
+    transposed once (else both streamed and transposed per (key, query) tile pair). dQ accumulates on chip (an fp32
+    [128, T/128, d] SBUF tile, written once at the end); `dq_in_hbm=True` instead adds each contribution into HBM with
+    `nisa.dma_compute` (kept to measure the two)."""
     d, T = qT.shape
-    nT, dt, scale = T // P, q.dtype, float(d) ** -0.5
+    nT, dt, scale = T // P, qT.dtype, float(d) ** -0.5
+    sc = nisa.engine.scalar                                # the transposes' PSUM→SBUF copies: VectorE is the busier engine
     dq_acc = None if dq_in_hbm else nl.ndarray((P, nT, d), dtype=nl.float32, buffer=nl.sbuf)   # dQ of every query tile
+    if resident:                                           # HBM→SBUF, once per (batch·head): what the pairs re-read
+        qT_all, do_all = _to_sbuf(qT), _to_sbuf(_tiles(do))   # Qᵀ [d, T]; dO [128, T/128, d]: tile i at [:, i, :]
+        q_all = nl.ndarray((P, nT, d), dtype=dt, buffer=nl.sbuf)   # Q and dOᵀ: the other layouts, built on chip
+        doT_all = nl.ndarray((d, T), dtype=dt, buffer=nl.sbuf)
+        for i in range(nT):
+            _transpose(q_all[:, i, :], qT_all[:, i * P:(i + 1) * P], sc)
+            _transpose(doT_all[:, i * P:(i + 1) * P], do_all[:, i, :], sc)
+        neg_lse_all = _to_sbuf(lse.reshape((nT, P)).permute((1, 0)))   # [128, T/128]: L of query tile i in column i
+        nisa.tensor_scalar(dst=neg_lse_all, data=neg_lse_all, op0=nl.multiply, operand0=-1.0)   # -L, for every tile at once
+        D_all = _to_sbuf(dsum.reshape((nT, P)).permute((1, 0)))
     for j in range(nT):                                    # key tiles: keys k0 .. k0+127
         k0 = j * P
-        kT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=kT_t, src=kT[:, k0:k0 + P])      # HBM→SBUF: Kⱼᵀ
-        vT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=vT_t, src=vT[:, k0:k0 + P])      # HBM→SBUF: Vⱼᵀ
-        k_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(dst=k_t, src=k[k0:k0 + P, :])        # HBM→SBUF: Kⱼ
+        kT_t = _to_sbuf(kT[:, k0:k0 + P])                  # HBM→SBUF: Kⱼᵀ [d, 128]
+        k_t = _transpose(nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf), kT_t, sc)       # Kⱼ [128, d]
+        vT_t = _transpose(nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf), _to_sbuf(v[k0:k0 + P, :]), sc)   # HBM→SBUF: Vⱼ; Vⱼᵀ
         dk_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
         dv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
         for i in range(j, nT):                             # query tiles on or below the diagonal only
             q0 = i * P
-            qT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=qT_t, src=qT[:, q0:q0 + P])  # HBM→SBUF: Qᵢᵀ
-            q_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=q_t, src=q[q0:q0 + P, :])    # HBM→SBUF: Qᵢ
-            do_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=do_t, src=do[q0:q0 + P, :])  # HBM→SBUF: dOᵢ
-            doT_t = nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf)
-            nisa.dma_copy(dst=doT_t, src=doT[:, q0:q0 + P])   # HBM→SBUF: dOᵢᵀ
-            neg_lse = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=neg_lse, src=lse[q0:q0 + P, :])   # HBM→SBUF: Lᵢ
-            nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
-            D_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=D_t, src=dsum[q0:q0 + P, :])      # HBM→SBUF: Dᵢ
+            if resident:                                   # views of the resident tiles
+                qT_t, q_t, do_t, doT_t = qT_all[:, q0:q0 + P], q_all[:, i, :], do_all[:, i, :], doT_all[:, q0:q0 + P]
+                neg_lse, D_t = neg_lse_all[:, i:i + 1], D_all[:, i:i + 1]
+            else:                                          # streamed, HBM→SBUF: Qᵢᵀ, dOᵢ, Lᵢ, Dᵢ; Qᵢ, dOᵢᵀ transposed
+                qT_t, do_t = _to_sbuf(qT[:, q0:q0 + P]), _to_sbuf(do[q0:q0 + P, :])
+                q_t = _transpose(nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf), qT_t, sc)
+                doT_t = _transpose(nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf), do_t, sc)
+                neg_lse, D_t = _to_sbuf(lse[q0:q0 + P, :]), _to_sbuf(dsum[q0:q0 + P, :])
+                nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
             s_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=s_ps, stationary=qT_t, moving=kT_t)   # Qᵢ Kⱼᵀ [q, k]
             p = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
@@ -149,10 +207,7 @@ def _bwd_head(qT, kT, vT, q, k, do, doT, lse, dsum, dq, dk, dv, dq_in_hbm=False)
             ds_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ds_lo, data=ds, op0=nl.multiply, operand0=scale)   # dS/√d in the matmul dtype
             nisa.nc_matmul(dst=dk_ps, stationary=ds_lo, moving=q_t)      # dKⱼ += dSᵀ Qᵢ / √d
-            dsT_ps = nl.ndarray((P, P), dtype=dt, buffer=nl.psum)
-            nisa.nc_transpose(dst=dsT_ps, data=ds_lo)                    # keys onto the partitions
-            dsT = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=dsT, src=dsT_ps)          # PSUM→SBUF
+            dsT = _transpose(nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf), ds_lo, sc)   # keys onto the partitions
             dq_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=dq_ps, stationary=dsT, moving=k_t)        # dS Kⱼ / √d  [q, d]
             if not dq_in_hbm:                              # PSUM→SBUF into the on-chip dQᵢ: the first key tile writes
@@ -170,26 +225,35 @@ def _bwd_head(qT, kT, vT, q, k, do, doT, lse, dsum, dq, dk, dv, dq_in_hbm=False)
         nisa.tensor_copy(dst=dv_t, src=dv_ps)              # PSUM→SBUF (cast)
         nisa.dma_copy(dst=dv[k0:k0 + P, :], src=dv_t)      # SBUF→HBM: dVⱼ
     if not dq_in_hbm:   # SBUF→HBM: dQ once, all tiles in one DMA (the [T, d] view as [128, T/128, d]), cast to dq's dtype
-        nisa.dma_copy(dst=dq.reshape((nT, P, d)).permute((1, 0, 2)), src=dq_acc)
+        nisa.dma_copy(dst=_tiles(dq), src=dq_acc)
 
 @nki.jit
-def flash_bwd_kernel(qT, kT, vT, q, k, do, doT, lse, dsum):
+def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0):
     """Causal FlashAttention backward of every (batch·head); launch as `flash_bwd_kernel[lnc]` (with 2 logical
     cores each takes half of the BH rows).
 
-    qT, kT, vT, doT: [BH, d, T]; q, k, do: [BH, T, d] (all one dtype, fp32 or bf16);
+    qT, kT: [BH, d, T] and v: [BH, T, d], exactly the forward's inputs; do: [BH, T, d] (all one dtype, fp32 or bf16);
     lse: [BH, T, 1] fp32 from `flash_fwd_kernel`; dsum: [BH, T, 1] fp32, D = rowsum(dO ⊙ O).
+    Every input is read from HBM once in this one layout; the others are transposed on chip.
+    sbuf_budget: SBUF bytes per partition the kernel may plan with (0: `nl.tile_size.total_available_sbuf_size`);
+    Qᵀ, dO, L, D (and their transposes Q, dOᵀ) stay resident when `kv_resident` says they fit, else they are streamed
+    per tile pair.
     Returns dq, dk, dv [BH, T, d] in the input dtype (dq accumulated in fp32 on chip).
     """
     BH, d, T = qT.shape
     assert d in (64, 128), f"flash_bwd_kernel: d_head must be 64 or 128 (one partition tile), got {d}"
     assert T % P == 0, f"flash_bwd_kernel: T must be a multiple of 128, got {T}"
-    for name, t, shp in (("kT", kT, (BH, d, T)), ("vT", vT, (BH, d, T)), ("doT", doT, (BH, d, T)), ("q", q, (BH, T, d)),
-                         ("k", k, (BH, T, d)), ("do", do, (BH, T, d)), ("lse", lse, (BH, T, 1)), ("dsum", dsum, (BH, T, 1))):
+    for name, t, shp in (("kT", kT, (BH, d, T)), ("v", v, (BH, T, d)), ("do", do, (BH, T, d)), ("lse", lse, (BH, T, 1)),
+                         ("dsum", dsum, (BH, T, 1))):
         assert tuple(t.shape) == shp, f"flash_bwd_kernel: {name} has shape {t.shape}, expected {shp}"
-    dq, dk, dv = (nl.ndarray((BH, T, d), dtype=q.dtype, buffer=nl.shared_hbm) for _ in range(3))
+    budget = sbuf_budget or nl.tile_size.total_available_sbuf_size
+    resident = kv_resident("bwd", T, d, _isz(qT), budget)
+    need = sbuf_bytes("bwd", T, d, _isz(qT), resident)
+    assert need <= budget, (f"flash_bwd_kernel: T={T}, d={d}: even streaming needs {need} B/partition of SBUF (the fp32 dQ "
+                            f"accumulator grows with T), more than the budget of {budget}; use shorter sequences")
+    dq, dk, dv = (nl.ndarray((BH, T, d), dtype=qT.dtype, buffer=nl.shared_hbm) for _ in range(3))
     for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
-        _bwd_head(qT[bh], kT[bh], vT[bh], q[bh], k[bh], do[bh], doT[bh], lse[bh], dsum[bh], dq[bh], dk[bh], dv[bh])
+        _bwd_head(qT[bh], kT[bh], v[bh], do[bh], lse[bh], dsum[bh], dq[bh], dk[bh], dv[bh], resident)
     return dq, dk, dv
 
 # %% ../../nbs/14_kernel_attention.ipynb #cc189457
@@ -207,28 +271,28 @@ def check_args(q, k, v, causal=True, backend="nki-sim"):
     if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"{where}: dtypes {q.dtype}, {k.dtype}, {v.dtype}: q, k, v must all be float32 or all bfloat16")
 
-def _layouts(x):
-    "[B, H, T, d] → ([BH, T, d], [BH, d, T]), both contiguous: the two layouts the kernels read."
+def _rows(x, transposed=False):
+    "[B, H, T, d] → [BH, T, d], or [BH, d, T] if `transposed`, contiguous: the layouts the kernels read."
     x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
-    return x3.contiguous(), x3.transpose(1, 2).contiguous()
+    return (x3.transpose(1, 2) if transposed else x3).contiguous()
 
 class FlashAttentionSim(torch.autograd.Function):
     "Causal attention through the simulated NKI kernels: forward saves O and the log-sum-exp, backward recomputes P."
     @staticmethod
     def forward(ctx, q, k, v):
         B, H, T, d = q.shape
-        (q3, qT), (k3, kT), (v3, _) = _layouts(q), _layouts(k), _layouts(v)
+        qT, kT, v3 = _rows(q, True), _rows(k, True), _rows(v)
         o, lse = simulate(flash_fwd_kernel[logical_cores()])(qT, kT, v3)
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_backward(qT, kT, v3, o, lse)            # the backward reads the forward's inputs as they are
         return o.view(B, H, T, d)
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        B, H, T, d = q.shape
-        (q3, qT), (k3, kT), (_, vT), (do3, doT) = _layouts(q), _layouts(k), _layouts(v), _layouts(do.to(q.dtype))
+        qT, kT, v3, o, lse = ctx.saved_tensors
+        B, H, T, d = do.shape
+        do3 = _rows(do.to(v3.dtype))
         dsum = (do3.float() * o.float()).sum(-1, keepdim=True)            # D = rowsum(dO ⊙ O), fp32
-        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, vT, q3, k3, do3, doT, lse, dsum)
+        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, v3, do3, lse, dsum)
         return dq.view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d)
 
 @ops.register("attention", "nki-sim")
@@ -249,10 +313,9 @@ def _register_nki(tnx=None) -> bool:
         return flash_fwd_kernel[logical_cores()](qT, kT, v)
 
     @nki_op("neuronfrontier::flash_attention_bwd", mutates_args={})
-    def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, vT: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                            do: torch.Tensor, doT: torch.Tensor, lse: torch.Tensor, dsum: torch.Tensor
-                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return flash_bwd_kernel[logical_cores()](qT, kT, vT, q, k, do, doT, lse, dsum)
+    def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                            dsum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return flash_bwd_kernel[logical_cores()](qT, kT, v, do, lse, dsum)
 
     def setup_context(ctx, inputs, output):
         qT, kT, v = inputs
@@ -263,8 +326,7 @@ def _register_nki(tnx=None) -> bool:
         qT, kT, v, o, lse = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
         dsum = (do.float() * o.float()).sum(-1, keepdim=True)
-        dq, dk, dv = flash_attention_bwd(qT, kT, v.transpose(1, 2).contiguous(), qT.transpose(1, 2).contiguous(),
-                                         kT.transpose(1, 2).contiguous(), do, do.transpose(1, 2).contiguous(), lse, dsum)
+        dq, dk, dv = flash_attention_bwd(qT, kT, v, do, lse, dsum)   # the forward's inputs as they are, no copies
         return dq.transpose(1, 2), dk.transpose(1, 2), dv   # gradients w.r.t. qT, kT, v
 
     flash_attention_fwd.register_autograd(backward, setup_context=setup_context)
@@ -274,8 +336,7 @@ def _register_nki(tnx=None) -> bool:
         "Causal attention by the NKI kernels on a NeuronCore (torch_neuronx custom op with a registered backward)."
         check_args(q, k, v, causal, "nki")
         B, H, T, d = q.shape
-        (_, qT), (_, kT), (v3, _) = _layouts(q), _layouts(k), _layouts(v)
-        o, _ = flash_attention_fwd(qT, kT, v3)
+        o, _ = flash_attention_fwd(_rows(q, True), _rows(k, True), _rows(v))
         return o.view(B, H, T, d)
     return True
 
@@ -284,11 +345,14 @@ NKI_REGISTERED = _register_nki()
 # %% ../../nbs/14_kernel_attention.ipynb #96bdee12
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
-def hbm_traffic(BH, T, d, itemsize=2) -> dict:
-    """HBM bytes {'fwd'|'bwd': {'read', 'written'}} of the two kernels on BH (batch·head) rows of T tokens: the forward
-    reads Q once and, per query tile, the keys and values left of the diagonal's end; the backward reads Kᵀ, Vᵀ, K once
-    and Qᵀ, Q, dO, dOᵀ, L, D per (key, query) tile pair on or below the diagonal, and writes dQ, dK, dV once."""
+def hbm_traffic(BH, T, d, itemsize=2, resident=True) -> dict:
+    """HBM bytes {'fwd'|'bwd': {'read', 'written'}} of the two kernels on BH (batch·head) rows of T tokens, inputs of
+    `itemsize` bytes. `resident=True` is the compulsory traffic: every input read once (fwd: Qᵀ, Kᵀ, V; bwd: Qᵀ, Kᵀ, V,
+    dO, L, D) and every output written once (fwd: O, L; bwd: dQ, dK, dV). Streaming, the forward reads Q once and, per
+    query tile, the keys and values left of the diagonal's end; the backward reads Kᵀ, V once and Qᵀ, dO, L, D per
+    (key, query) tile pair on or below the diagonal."""
     n, s = T // P, itemsize
     pairs = n * (n + 1) // 2
-    return dict(fwd=dict(read=BH * (T * d * s + 2 * P * pairs * d * s), written=BH * T * (d * s + 4)),
-                bwd=dict(read=BH * (3 * T * d * s + pairs * (4 * P * d * s + 2 * P * 4)), written=BH * 3 * T * d * s))
+    fwd = 3 * T * d * s if resident else T * d * s + 2 * P * pairs * d * s
+    bwd = 4 * T * d * s + 2 * T * 4 if resident else 2 * T * d * s + pairs * (2 * P * d * s + 2 * P * 4)
+    return dict(fwd=dict(read=BH * fwd, written=BH * T * (d * s + 4)), bwd=dict(read=BH * bwd, written=BH * 3 * T * d * s))

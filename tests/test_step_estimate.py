@@ -1,0 +1,69 @@
+"The whole-step roofline estimate of `neuronfrontier.hw` (nbs/10_hardware.ipynb): its extrapolated kernel traces against full dry runs, and its bookkeeping."
+import numpy as np
+import pytest
+from neuronfrontier.config import ModelConfig
+from neuronfrontier.hw import (Work, kernel_work, step_estimate, matmul_work, estimate_time, mfu, STEP_OPS, PMAX)
+from neuronfrontier.sim import REAL_NKI, nl, dry_run
+from neuronfrontier.kernels import rmsnorm as R, swiglu as S, cross_entropy as C
+
+pytestmark = pytest.mark.skipif(REAL_NKI, reason="dry runs need the emulator")
+bf = lambda *s: np.empty(s, nl.bfloat16)
+f32 = lambda *s: np.empty(s, np.float32)
+FIELDS = ('pe_cycles', 'vector_elems', 'scalar_elems', 'gpsimd_elems', 'hbm_read_bytes', 'hbm_write_bytes', 'tensor_flops')
+
+
+def _close(a, b, rel=1e-9):
+    for f in FIELDS: assert getattr(a, f) == pytest.approx(getattr(b, f), rel=rel, abs=1e-6), f
+
+
+def test_token_parallel_kernels_extrapolate_exactly():
+    "rmsnorm and swiglu: two dry runs at n1 and 2·n1 tokens, extrapolated to N, equal one dry run at N."
+    N, d, F = 5 * 1024, 256, 768
+    full = (Work.of(dry_run(R.rmsnorm_fwd_kernel[1])(bf(N, d), bf(1, d), 1e-6))
+            + Work.of(dry_run(R.rmsnorm_bwd_kernel[1])(bf(N, d), bf(1, d), f32(N, 1), bf(N, d))))
+    _close(kernel_work('rmsnorm', N, d), full)
+    nb = S.bwd_chunk(d, 2)
+    full = (Work.of(dry_run(S.swiglu_fwd_kernel[1])(bf(N, d), bf(F, d), bf(F, d)))
+            + sum(Work.of(dry_run(S.swiglu_bwd_kernel[1])(bf(n, d), bf(F, d), bf(F, d), bf(n, F)))
+                  for n in [nb] * (N // nb) + ([N % nb] if N % nb else [])))
+    _close(kernel_work('swiglu', N, d, F), full)
+
+
+def test_cross_entropy_extrapolates_in_blocks_and_vocabulary():
+    "N a whole number of blocks, V a multiple of 512: the 2 x 2 extrapolation equals the full dry runs."
+    d, V = 256, 3072
+    N = C._block_tiles(10**6, d, 2, True) * PMAX * 2
+    tgt = np.empty((N, 1), np.int32)
+    bt_f, bt_b = C._block_tiles(N, d, 2, False), C._block_tiles(N, d, 2, True)
+    assert N % (bt_f * PMAX) == 0 and N % (bt_b * PMAX) == 0
+    full = (Work.of(dry_run(C.cross_entropy_fwd_kernel[1])(bf(N, d), bf(V, d), tgt, V, 15.0, bt_f))
+            + Work.of(dry_run(C.cross_entropy_bwd_kernel[1])(bf(N, d), bf(V, d), tgt, f32(N, 1), f32(N, 1), V, 15.0, bt_b)))
+    _close(kernel_work('cross_entropy', N, d, V, 15.0), full)
+
+
+def test_step_estimate_bookkeeping():
+    cfg = ModelConfig(vocab_size=2048, d_model=256, n_layers=2, n_heads=4, d_head=64, d_mlp=768, seq_len=512)
+    e = step_estimate(cfg, batch=4)
+    assert tuple(e['ops']) == STEP_OPS and e['label'] == 'roofline estimate'
+    assert e['step_s'] == pytest.approx(sum(o['total'] for o in e['ops'].values()))
+    assert e['serial_s'] == pytest.approx(sum(o['serial'] for o in e['ops'].values())) and e['serial_s'] > e['step_s']
+    assert e['tokens_per_s'] == pytest.approx(8 * 4 * 512 / e['step_s'])
+    assert e['mfu'] == pytest.approx(mfu(e['tokens_per_s'], cfg.flops_per_token(), 'trn2'))
+    for o in e['ops'].values():
+        assert o['total'] == max(o[k] for k in ('tensor', 'vector', 'scalar', 'gpsimd', 'hbm'))
+        assert o['total'] == pytest.approx(estimate_time(o['work']))
+    flops = sum(o['work'].tensor_flops for o in e['ops'].values())
+    assert flops >= 4 * 512 * cfg.flops_per_token()        # the traced and modelled matmuls cover the model's FLOPs
+    one = step_estimate(cfg, batch=4, world=1)             # no collectives on one core
+    assert one['ops']['collectives']['total'] == 0 and one['ops']['attention'] == e['ops']['attention']
+    assert step_estimate(cfg, batch=8)['ops']['MLP']['total'] > e['ops']['MLP']['total']
+    adam = step_estimate(cfg, batch=4, optim='adamw')
+    assert adam['ops']['optimizer']['work'].tensor_flops == 0 < e['ops']['optimizer']['work'].tensor_flops   # no Newton–Schulz
+    with pytest.raises(ValueError, match="optim"): step_estimate(cfg, batch=4, optim='sgd')
+    with pytest.raises(ValueError, match="unknown kernel"): kernel_work('softmax', 1)
+
+
+def test_matmul_work_is_the_tensor_peak():
+    w = matmul_work(1024, 1024, 1024)
+    assert estimate_time(w) == pytest.approx(w.tensor_flops / 79e12, rel=0.01)   # 79 TFLOP/s bf16 per core
+    assert estimate_time(w, breakdown=True)['serial'] > estimate_time(w)
