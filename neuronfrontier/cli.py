@@ -139,8 +139,7 @@ def _check_ep(a):
     if not m.n_experts: raise UserError(f"--ep {a.ep}: {a.config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
     if m.n_experts % a.ep: raise UserError(f"--ep {a.ep}: n_experts={m.n_experts} is not divisible by {a.ep}; use a divisor of {m.n_experts}")
     if m.capacity_factor is None: raise UserError(f"--ep {a.ep}: dropless routing has data-dependent exchange sizes; --set capacity_factor=1.25")
-    if a.resume or a.ckpt_every: raise UserError(f"--ep {a.ep}: --resume and --ckpt-every are not supported for expert-parallel runs yet; drop them")
-    a.sets, a.ckpt_every = [*a.sets, f"ep={a.ep}"], 0
+    a.sets = [*a.sets, f"ep={a.ep}"]
 
 def _train(a) -> int:
     from neuronfrontier.train import train, env_world, process_start_ns

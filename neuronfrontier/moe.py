@@ -16,7 +16,7 @@ from . import ops
 # %% auto #0
 __all__ = ['BLOCK', 'EXPERT_IMPL', 'expert_capacity', 'Router', 'balance_losses', 'Dispatch', 'dispatch', 'gather_rows',
            'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_groups', 'expert_parallel', 'expert_shards',
-           'ep_sync_grads', 'ep_clip_grad_norm_', 'gather_experts']
+           'ep_sync_grads', 'ep_clip_grad_norm_', 'gather_experts', 'ep_consolidated', 'ep_shard_optimizer_states']
 
 # %% ../nbs/05_moe.ipynb #7c7a87d7
 BLOCK = TILE   # rows of one expert block: the TensorEngine's 128 partitions
@@ -290,3 +290,42 @@ def gather_experts(model: nn.Module):
             dist.all_gather(parts, w, group=m.ep_group)
             setattr(m, name, nn.Parameter(torch.cat(parts)))
         m.ep_group, m.ep_size, m.ep_rank, m.dp_group = None, 1, 0, None
+
+# %% ../nbs/05_moe.ipynb #809f649b
+def _shard_owners(model: nn.Module) -> dict[int, nn.Module]:
+    "id(expert shard) → its MoE layer, for the layers `expert_parallel` sharded."
+    return {id(getattr(m, n)): m for m in _moe_layers(model) if m.ep_size > 1 for n in ("w_gate", "w_up", "w_down")}
+
+def _gather_rows(t: torch.Tensor, m) -> torch.Tensor:
+    "Every expert's rows of `t` (this rank's share of dim 0), all-gathered over the layer's expert group."
+    parts = [torch.empty_like(t) for _ in range(m.ep_size)]
+    dist.all_gather(parts, t.detach().contiguous(), group=m.ep_group)
+    return torch.cat(parts)
+
+def _per_param(opt, states: dict, fn) -> dict:
+    "An optimizer state_dict's `state` with `fn(param, its state)` applied to every entry (indices follow the param groups)."
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return {i: fn(params[i], st) for i, st in states.items()}
+
+def ep_consolidated(model: nn.Module, opts) -> tuple[dict, list[dict]]:
+    """(model state_dict, optimizer state_dicts) as one process without expert parallelism holds them: each expert shard
+    and each optimizer tensor of a shard's shape gathered over the expert group. A collective when experts are sharded
+    (every rank calls it, in the same order); the model and optimizers are left as they are."""
+    own = _shard_owners(model)
+    sd = model.state_dict()
+    for n, p in model.named_parameters():
+        if id(p) in own: sd[n] = _gather_rows(p, own[id(p)])
+    def gather(p, st):
+        if id(p) not in own: return st
+        return {k: _gather_rows(v, own[id(p)]) if torch.is_tensor(v) and v.shape == p.shape else v for k, v in st.items()}
+    return sd, [dict(s, state=_per_param(o, s["state"], gather)) for o, s in ((o, o.state_dict()) for o in opts)]
+
+def ep_shard_optimizer_states(model: nn.Module, opts, states: list[dict]) -> list[dict]:
+    "Consolidated optimizer `states` (from `ep_consolidated`) cut to this rank's experts, to `load_state_dict` after `expert_parallel`."
+    own = _shard_owners(model)
+    def cut(p, st):
+        if id(p) not in own: return st
+        n, r = p.shape[0], own[id(p)].ep_rank
+        whole = (n * own[id(p)].ep_size, *p.shape[1:])
+        return {k: v[r * n:(r + 1) * n].clone() if torch.is_tensor(v) and tuple(v.shape) == whole else v for k, v in st.items()}
+    return [dict(s, state=_per_param(o, s["state"], cut)) for o, s in zip(opts, states)]
