@@ -34,6 +34,7 @@ def _run_flags(p):
     p.add_argument("--startup-allowance", type=float, default=0.0, metavar="SECONDS", help="wall mode: startup (compilation) seconds not charged")
     p.add_argument("--ckpt-every", type=float, default=None, metavar="SECONDS", help="also write model.pt + resume.pt every SECONDS (0: off; default: every 600 s for a train run of 30 min or more, else off)")
     p.add_argument("--nproc", type=int, default=1, help="processes, one per NeuronCore/GPU (or CPU processes): launches torchrun --standalone --nproc_per_node N")
+    p.add_argument("--ep", type=int, default=1, help="MoE expert parallelism: experts shared out over groups of N of the --nproc processes (data parallel over the groups)")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
 
 def _prep_flags(p):
@@ -144,11 +145,23 @@ def _launch(a, out: Path) -> int:
     if res.exists() and res.stat().st_mtime >= t0: return _EXIT[json.loads(res.read_text())["status"]]
     return rc or 1
 
+def _check_ep(a):
+    "One-line errors for `train --ep N` before any process starts; then `ep=N` travels to the ranks as a `--set`."
+    from neuronfrontier.config import resolve
+    if a.ep < 1: raise UserError(f"--ep {a.ep}: must be >= 1")
+    if a.nproc % a.ep: raise UserError(f"--ep {a.ep} does not divide --nproc {a.nproc}; use a divisor of {a.nproc} (or more processes)")
+    m, _ = resolve(a.config, a.recipe, a.sets)
+    if not m.n_experts: raise UserError(f"--ep {a.ep}: {a.config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
+    if m.n_experts % a.ep: raise UserError(f"--ep {a.ep}: n_experts={m.n_experts} is not divisible by {a.ep}; use a divisor of {m.n_experts}")
+    if m.capacity_factor is None: raise UserError(f"--ep {a.ep}: dropless routing has data-dependent exchange sizes; --set capacity_factor=1.25")
+    a.sets = [*a.sets, f"ep={a.ep}"]
+
 def _train(a) -> int:
     from neuronfrontier.train import train, env_world, process_start_ns
     from tqdm.auto import tqdm  # the progress bar on a terminal
     if a.steps is None and a.budget <= 0: raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.nproc < 1: raise UserError(f"--nproc {a.nproc}: must be >= 1")
+    if a.ep != 1: _check_ep(a)
     a.ckpt_every = ckpt_every(a)
     out = Path(a.out or f"runs/{a.config}-{time.strftime('%Y%m%d-%H%M%S')}")
     if a.nproc > 1:
@@ -186,6 +199,7 @@ def _sweep(a) -> int:
     if a.steps is None and a.budget <= 0: raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.resume: raise UserError("--resume does not apply to sweep: run the same sweep command again and it resumes")
     if a.nproc != 1: raise UserError("--nproc does not apply to sweep: its runs are single-process (use --jobs)")
+    if a.ep != 1: raise UserError("--ep does not apply to sweep: its runs are single-process")
     if a.ckpt_every or a.budget_mode or a.startup_allowance: raise UserError("--ckpt-every, --budget-mode, --startup-allowance do not apply to sweep")
     settings = grid_settings(parse_grid(a.grid), a.random, a.sample_seed)
     from neuronfrontier.data import prepare, find_shards
@@ -212,11 +226,15 @@ def _check(a) -> int:
 def _info(a) -> int:
     from neuronfrontier.config import CONFIGS, resolve
     names = [a.config] if a.config else list(CONFIGS)
-    print(f"{'config':12s} {'params':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  layers x d_model (heads x d_head), d_mlp, seq  tiles")
+    print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
+          f"layers x d_model (heads x d_head), MLP, seq  tiles")
     for n in names:
         m, _ = resolve(n, None, a.sets)
-        print(f"{n:12s} {m.n_params()/1e6:8.2f}M {m.n_params(False)/1e6:8.2f}M {m.flops_per_token()/1e6:10.1f}  "
-              f"{m.n_layers} x {m.d_model} ({m.n_heads} x {m.d_head}), {m.d_mlp}, {m.seq_len}  ok (multiples of 128)")
+        mlp = (f"{m.n_experts} experts x {m.d_expert} top-{m.top_k}" + (f" +{m.n_shared_experts} shared" if m.n_shared_experts else "")
+               if m.n_experts else f"{m.d_mlp}")
+        print(f"{n:12s} {m.n_params()/1e6:8.2f}M {m.n_params(active=True)/1e6:8.2f}M {m.n_params(False)/1e6:8.2f}M "
+              f"{m.flops_per_token()/1e6:10.1f}  {m.n_layers} x {m.d_model} ({m.n_heads} x {m.d_head}), {mlp}, {m.seq_len}  "
+              f"ok (multiples of 128)")
     return 0
 
 def _dashboard(a) -> int:

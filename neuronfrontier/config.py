@@ -12,6 +12,7 @@ __all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'REC
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
+_ROUTERS, _BALANCE = ("softmax", "sigmoid"), ("aux_loss", "bias", "none")
 
 def pad_to(n: int, multiple: int = TILE) -> int:
     "Round `n` up to a multiple of `multiple`."
@@ -42,11 +43,39 @@ class ModelConfig:
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
+    # mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense SwiGLU MLP
+    n_experts: int = 0                    # routed experts in each MoE layer
+    top_k: int = 2                        # experts each token is routed to
+    d_expert: int = 512                   # SwiGLU hidden width of one expert (routed or shared)
+    n_shared_experts: int = 0             # always-on experts (DeepSeekMoE), one dense SwiGLU of width n·d_expert
+    capacity_factor: float | None = 1.25  # rows per expert = ceil(cf·tokens·k/E) rounded up to 128; None: dropless
+    router: str = "softmax"               # scores from the fp32 router logits: 'softmax' or 'sigmoid'
+    balance: str = "aux_loss"             # 'aux_loss' (Switch), 'bias' (DeepSeek-V3, loss-free) or 'none'
+    aux_loss_coef: float = 0.01           # weight of the load-balancing loss (balance='aux_loss')
+    z_loss_coef: float = 0.001            # weight of the router z-loss (ST-MoE); 0 disables
+    bias_update_rate: float = 0.001       # step of the per-expert bias (balance='bias')
+    moe_layers: str = "all"               # which layers are MoE: 'all', 'k:' (layer k onward) or 'i,j,...'
 
     @property
     def padded_vocab(self) -> int: return pad_to(self.vocab_size)
     @property
     def d_attn(self) -> int: return self.n_heads * self.d_head
+
+    @property
+    def moe_layer_ids(self) -> tuple[int, ...]:
+        "Indices of the MoE layers (empty when n_experts = 0)."
+        if not self.n_experts: return ()
+        spec = str(self.moe_layers).strip()
+        try:
+            if spec == "all": ids = range(self.n_layers)
+            elif spec.endswith(":"): ids = range(int(spec[:-1]), self.n_layers)
+            else: ids = sorted({int(x) for x in spec.split(",")})
+        except ValueError:
+            raise ValueError(f"moe_layers={spec!r} is not understood; use 'all', 'k:' (layer k onward) or a list like '1,3'") from None
+        ids = tuple(ids)
+        if not ids or ids[0] < 0 or ids[-1] >= self.n_layers:
+            raise ValueError(f"moe_layers={spec!r} selects no layer or one outside 0..{self.n_layers - 1}")
+        return ids
 
     def validate(self) -> "ModelConfig":
         "Raise `ValueError` naming the first field that breaks the 128-tile rules, its value and aligned neighbours."
@@ -63,32 +92,55 @@ class ModelConfig:
             raise ValueError(f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(self.seq_len)}")
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
+        if self.n_experts: self._validate_moe()
+        elif self.n_experts < 0: raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense)")
         return self
+
+    def _validate_moe(self):
+        if self.d_expert <= 0 or self.d_expert % TILE:
+            raise ValueError(f"d_expert={self.d_expert} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(self.d_expert, 1))}")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k={self.top_k} must lie in 1..n_experts={self.n_experts}")
+        if self.n_shared_experts < 0: raise ValueError(f"n_shared_experts={self.n_shared_experts} must be >= 0")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor={self.capacity_factor} must be > 0, or none for dropless routing")
+        for name, allowed in (("router", _ROUTERS), ("balance", _BALANCE)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
+        for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
+            if getattr(self, name) < 0: raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        self.moe_layer_ids
 
     def has_ve(self, layer: int) -> bool:
         "Whether block `layer` gets a value embedding: every other layer, counted back from the last."
         return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
 
-    def _matmul_params(self) -> int:
-        "Weights that multiply activations: attention, MLP, value-embedding gates and the head."
-        d, a = self.d_model, self.d_attn
-        mlp = (3 if self.mlp == "swiglu" else 2) * d * self.d_mlp
-        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * VE_GATE_CHANNELS * self.n_heads
-        return self.n_layers * (4 * d * a + mlp) + gates + self.padded_vocab * d
+    def _mlp_params(self, layer: int, active: bool) -> int:
+        "Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k of them if `active`)."
+        d = self.d_model
+        if layer not in self.moe_layer_ids: return (3 if self.mlp == "swiglu" else 2) * d * self.d_mlp
+        routed = self.top_k if active else self.n_experts
+        return d * self.n_experts + 3 * d * self.d_expert * (self.n_shared_experts + routed)
 
-    def n_params(self, embedding: bool = True) -> int:
-        "Parameter count (embedding, value embeddings and head at the padded vocabulary)."
+    def _matmul_params(self, active: bool) -> int:
+        "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
+        d, a = self.d_model, self.d_attn
+        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * VE_GATE_CHANNELS * self.n_heads
+        return sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
+
+    def n_params(self, embedding: bool = True, active: bool = False) -> int:
+        "Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k routed experts a token uses."
         d, L = self.d_model, self.n_layers
         gains = L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d   # norm weights, final norm
         scalars = 2 * L if self.layer_scalars else 0
         tables = self.padded_vocab * (d + sum(self.has_ve(i) for i in range(L)) * self.d_attn)  # wte + value embeddings
-        return self._matmul_params() + gains + scalars + (tables if embedding else 0)
+        return self._matmul_params(active) + gains + scalars + (tables if embedding else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        "Training FLOPs per token (forward + backward = 3× forward): 6·N_matmul + causal attention 6·L·T·d_attn."
+        "Training FLOPs per token (forward + backward = 3× forward): 6·N_active_matmul + causal attention 6·L·T·d_attn."
         T = seq_len or self.seq_len
         attn = 6 * self.n_layers * T * self.d_attn  # QK^T and PV: 2·2·T·d_attn fwd, causal halves it, ×3 fwd+bwd
-        return 6 * self._matmul_params() + attn
+        return 6 * self._matmul_params(active=True) + attn
 
 # %% ../nbs/01_config.ipynb #5a66bae5
 @dataclass
@@ -127,6 +179,7 @@ class TrainConfig:
     eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
     log_every: int = 10
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
+    ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
@@ -148,6 +201,7 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
+    if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
@@ -163,8 +217,17 @@ TRAIN_DEFAULTS: dict[str, TrainConfig] = {
     "cpu-micro": TrainConfig(batch_size=2),
 }
 
+# the MoE presets follow their dense backbones (notebook 05_moe)
+CONFIGS["moe-180m"] = replace(CONFIGS["dense-124m"], n_experts=8, top_k=2, d_expert=640)
+CONFIGS["cpu-tiny-moe"] = replace(CONFIGS["cpu-tiny"], n_experts=8, top_k=2, d_expert=384)
+TRAIN_DEFAULTS["moe-180m"] = replace(TRAIN_DEFAULTS["dense-124m"])
+TRAIN_DEFAULTS["cpu-tiny-moe"] = replace(TRAIN_DEFAULTS["cpu-tiny"])
+
 # %% ../nbs/01_config.ipynb #cf979e66
 def _parse_value(key: str, raw: str, typ):
+    if "None" in str(typ):   # an optional field (`float | None`): 'none' sets None, anything else parses as the base type
+        if raw.strip().lower() in ("none", "null"): return None
+        typ = str(typ).split("|")[0].strip()
     t = typ if isinstance(typ, type) else {"int": int, "float": float, "bool": bool, "str": str}.get(str(typ), str)
     try:
         if t is bool:

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 from .config import ModelConfig, VE_GATE_CHANNELS
 from . import ops
+from .moe import MoE
 
 # %% auto #0
 __all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'Attention', 'MLP', 'Block', 'GPT']
@@ -59,23 +60,27 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, d_mlp: int | None = None, kind: str | None = None):
         super().__init__()
-        self.w_gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False) if cfg.mlp == "swiglu" else None
-        self.w_up = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
-        self.w_down = nn.Linear(cfg.d_mlp, cfg.d_model, bias=False)
+        d_mlp, kind = d_mlp or cfg.d_mlp, kind or cfg.mlp
+        self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False) if kind == "swiglu" else None
+        self.w_up = nn.Linear(cfg.d_model, d_mlp, bias=False)
+        self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
     def forward(self, x):
         h = ops.relu2(x, self.w_up.weight) if self.w_gate is None else ops.swiglu(x, self.w_gate.weight, self.w_up.weight)
         return self.w_down(h)
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, ve: bool = False):
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg, ve)
-        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MLP(cfg)
+        moe = layer in cfg.moe_layer_ids
+        self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg, cfg.has_ve(layer))
+        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MoE(cfg) if moe else MLP(cfg)
+        self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert, "swiglu") if moe and cfg.n_shared_experts else None
     def forward(self, x, cos, sin, ve=None):
         x = x + self.attn(self.norm1(x), cos, sin, ve)
-        return x + self.mlp(self.norm2(x))
+        h = self.norm2(x)
+        return x + self.mlp(h) + (self.shared(h) if self.shared is not None else 0)
 
 # %% ../nbs/02_model.ipynb #bf52aba2
 class GPT(nn.Module):
@@ -86,7 +91,7 @@ class GPT(nn.Module):
         if kernels is not None: ops.parse_backend(kernels)  # fail early on a bad spec
         self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, cfg.has_ve(i)) for i in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
@@ -101,14 +106,36 @@ class GPT(nn.Module):
     def reset_parameters(self):
         nn.init.normal_(self.wte.weight, std=1.0)
         for name, p in self.named_parameters():
-            if p.ndim == 2 and name != "wte.weight": nn.init.normal_(p, std=p.shape[1] ** -0.5)
+            if p.ndim in (2, 3) and name != "wte.weight": nn.init.normal_(p, std=p.shape[-2 if p.ndim == 3 else 1] ** -0.5)
             elif p.ndim == 1: nn.init.ones_(p)
         for b in self.blocks:
-            nn.init.zeros_(b.attn.wo.weight); nn.init.zeros_(b.mlp.w_down.weight)
+            for name, p in b.named_parameters():
+                if name.endswith(("wo.weight", "w_down.weight", "w_down")): nn.init.zeros_(p)   # blocks start as the identity
             if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
         for e in self.value_embeds.values(): nn.init.normal_(e.weight, std=self.cfg.d_model ** -0.5)
         if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
+
+    @property
+    def moe_layers(self) -> list[MoE]:
+        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoE)]
+
+    def after_step(self):
+        "Called after each optimizer step: the loss-free balancing update of `balance='bias'` routers."
+        for m in self.moe_layers:
+            if m.cfg.balance == "bias": m.update_bias()
+
+    def moe_stats(self) -> dict:
+        """Routing of the last training batch, for the log: assignments per expert of each MoE layer (`moe_load`), the
+        mean over layers of max/mean load (`moe_imbalance`, 1 = balanced), the dropped share of assignments, and the
+        mean over layers of the balancing loss E·Σf·P and the router z-loss (`moe_aux`, `moe_z`: logged whatever `balance` is)."""
+        if not self.moe_layers: return {}
+        load = torch.stack([m.stats["counts"] for m in self.moe_layers]).float()
+        dropped = sum(float(m.stats["dropped"]) for m in self.moe_layers)
+        return dict(moe_load=load.long().tolist(), moe_imbalance=round((load.amax(1) / load.mean(1)).mean().item(), 4),
+                    moe_dropped=round(dropped / load.sum().item(), 5),
+                    moe_aux=round(sum(float(m.stats["aux"]) for m in self.moe_layers) / len(self.moe_layers), 5),
+                    moe_z=round(sum(float(m.stats["z"]) for m in self.moe_layers) / len(self.moe_layers), 4))
 
     def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (T, str(device))
@@ -138,8 +165,10 @@ class GPT(nn.Module):
         return logits
 
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`."
+        "Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`; training adds the MoE balancing terms."
         h = self.hidden(idx)
         with self._ops():
-            return ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
-                                     softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+            ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(),
+                                   softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
+        return ce

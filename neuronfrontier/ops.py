@@ -10,15 +10,15 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
-           'torch_neuronx_module', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'rms_norm_torch',
-           'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch']
+           'torch_neuronx_module', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'moe_mlp',
+           'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch', 'moe_mlp_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
-OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy")
+OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
-_KERNEL_MODULES = tuple(f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy"))
+_KERNEL_MODULES = tuple(f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe"))
 _state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set()}
 
 def register(op: str, backend: str):
@@ -116,6 +116,13 @@ def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, 
     "Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets (< 0 ignored)."
     return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
 
+def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+            block_expert: torch.Tensor) -> torch.Tensor:
+    """Blockwise expert SwiGLU: rows 128·b … 128·b+127 of x go through expert e = block_expert[b],
+    (silu(x W_gate[e]) ⊙ (x W_up[e])) W_down[e]. x [R, d] with R = 128·n_blocks; w_gate, w_up [E, d, F];
+    w_down [E, F, d]; block_expert [n_blocks] integer, non-decreasing (each expert's blocks together) → [R, d]."""
+    return _call("moe_mlp", x, w_gate, w_up, w_down, block_expert)
+
 # %% ../nbs/03_ops.ipynb #7791ce93
 @register("rms_norm", "torch")
 def rms_norm_torch(x, weight, eps=1e-6):
@@ -138,3 +145,8 @@ def attention_torch(q, k, v, causal=True):
 def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
     from neuronfrontier.loss import chunked_cross_entropy  # the loss notebook: never materialises [N, V] logits
     return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
+
+@register("moe_mlp", "torch")
+def moe_mlp_torch(x, w_gate, w_up, w_down, block_expert):
+    from neuronfrontier.moe import expert_mlp  # the MoE notebook: grouped matmuls, or a loop over experts
+    return expert_mlp(x, w_gate, w_up, w_down, block_expert)

@@ -103,8 +103,9 @@ class Muon(torch.optim.Optimizer):
 
     @staticmethod
     def shape_scale(shape) -> float:
-        "√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest)."
-        rows, cols = shape[0], math.prod(shape[1:])
+        """√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest); for a 3-D stack of
+        expert matrices [E, in, out] (x @ W layout) that of one expert, rows = out = shape[2], cols = in = shape[1]."""
+        rows, cols = (shape[2], shape[1]) if len(shape) == 3 else (shape[0], math.prod(shape[1:]))
         return max(1.0, rows / cols) ** 0.5
 
     @torch.no_grad()
@@ -122,7 +123,7 @@ class Muon(torch.optim.Optimizer):
                 if "momentum_buffer" not in st: st["momentum_buffer"] = torch.zeros_like(p.grad)
                 buf = st["momentum_buffer"].mul_(mu).add_(p.grad)
                 u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
-                u = u.reshape(len(u), -1)
+                if p.ndim != 3: u = u.reshape(len(u), -1)   # 3-D: a stack of expert matrices, each orthogonalised
                 buckets.setdefault(tuple(u.shape), []).append((p, u))
             for shape, items in buckets.items():
                 K = len(items)
@@ -156,6 +157,7 @@ def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-1
 
 # %% ../nbs/20_optim.ipynb #833ed537
 def _role(name: str, p: Tensor) -> str:
+    if ".router." in name: return "router"   # MoE router: AdamW (its rows are per-expert score directions, not a map)
     if name.startswith("blocks.") and p.ndim >= 2: return "block"
     if name.startswith(("wte.", "value_embeds.")): return "embed"
     if name.startswith("lm_head."): return "head"
@@ -167,7 +169,7 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
     width = (_d_model(model) / 768) ** -0.5 if recipe.lr_width_scale else 1.0
-    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "embed": recipe.embed_lr * width,
+    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr * width,
            "head": recipe.head_lr * width, "scalar": recipe.scalar_lr}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
@@ -249,8 +251,14 @@ def ns_flops(shape, steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 def muon_shapes(cfg) -> list[tuple[int, int]]:
-    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches)."
-    d, a, f = cfg.d_model, cfg.d_attn, cfg.d_mlp
-    mlp = [(f, d), (f, d), (d, f)] if cfg.mlp == "swiglu" else [(f, d), (d, f)]
-    gates = [(cfg.n_heads, VE_GATE_CHANNELS) for i in range(cfg.n_layers) if cfg.has_ve(i)]
-    return cfg.n_layers * ([(a, d), (a, d), (a, d), (d, a)] + mlp) + gates
+    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each expert of an MoE layer counted as its own matrices)."
+    d, a = cfg.d_model, cfg.d_attn
+    def mlp(f, n=1): return n * ([(f, d), (f, d), (d, f)] if cfg.mlp == "swiglu" else [(f, d), (d, f)])
+    out = []
+    for i in range(cfg.n_layers):
+        if i in cfg.moe_layer_ids:  # experts are SwiGLU
+            shared = [(cfg.n_shared_experts * cfg.d_expert, d)] * 2 + [(d, cfg.n_shared_experts * cfg.d_expert)] if cfg.n_shared_experts else []
+            ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
+        else: ffn = mlp(cfg.d_mlp)
+        out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, VE_GATE_CHANNELS)] if cfg.has_ve(i) else [])
+    return out

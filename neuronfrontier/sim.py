@@ -176,19 +176,19 @@ def _free_elems(d): return d.size // d.shape[0] if d.ndim and d.shape[0] else d.
 
 class NkiTensor:
     "A view of an allocation in HBM, SBUF or PSUM: shape, strides and offset over the allocation's storage."
-    __slots__ = ('_data', '_alloc', '_acc')
+    __slots__ = ('_data', '_alloc', '_acc', '_ind')   # _ind: an indirect view (made by a dynamic select)
 
     def __init__(self, shape, dtype, storage, buffer=sbuf, name=''):
         if not isinstance(storage, _Alloc): _not_simulated('nl.NkiTensor(shape, dtype, storage)', 'allocate with nl.ndarray')
         d = storage.data.reshape(-1).view(_dtype(dtype))
         n = int(np.prod(shape, dtype=np.int64))
         if n > d.size: _fail('NkiTensor', f'shape {tuple(shape)} needs {n} elements, the storage holds {d.size}')
-        self._data, self._alloc, self._acc = d[:n].reshape(shape), storage, None
+        self._data, self._alloc, self._acc, self._ind = d[:n].reshape(shape), storage, None, False
 
     @staticmethod
-    def _of(data, alloc, acc=None):
+    def _of(data, alloc, acc=None, ind=False):
         t = object.__new__(NkiTensor)
-        t._data, t._alloc, t._acc = data, alloc, acc
+        t._data, t._alloc, t._acc, t._ind = data, alloc, acc, ind
         return t
 
     shape = property(lambda self: self._data.shape)
@@ -207,7 +207,7 @@ class NkiTensor:
 
     def _view(self, f, op):
         "Apply the NumPy view function `f` to the data (and the PSUM accumulation state); a copy would be an error."
-        return NkiTensor._of(f(self._data), self._alloc, None if self._acc is None else f(self._acc))
+        return NkiTensor._of(f(self._data), self._alloc, None if self._acc is None else f(self._acc), self._ind)
 
     def _onchip_dim(self, op, dim, what):
         if self._alloc.buffer in _ONCHIP and dim == 0:
@@ -219,7 +219,7 @@ class NkiTensor:
 
     def __getitem__(self, key):
         idx = _index(self, key)
-        return NkiTensor._of(self._data[idx], self._alloc, None if self._acc is None else self._acc[idx])
+        return NkiTensor._of(self._data[idx], self._alloc, None if self._acc is None else self._acc[idx], self._ind)
 
     def slice(self, dim, start, end, step=1):
         "Elements start:end:step of dimension `dim` (0 <= start < end <= size, step >= 1)."
@@ -230,8 +230,10 @@ class NkiTensor:
         return self[(slice(None),) * dim + (slice(start, end, step),)]
 
     def select(self, dim, index):
-        "Element `index` of dimension `dim`, the dimension removed (on chip the partition dimension stays, at size 1)."
-        if isinstance(index, NkiTensor): _not_simulated('NkiTensor.select with a tensor index', 'dynamic indirect access')
+        """Element `index` of dimension `dim`, the dimension removed (on chip the partition dimension stays, at size 1).
+        A one-element integer SBUF tensor as `index` makes a *dynamic* select: an indirect view whose position is read
+        at run time (see `_dynamic_select`)."""
+        if isinstance(index, NkiTensor): return self._dynamic_select(dim, index)
         dim = self._dim(dim, 'NkiTensor.select')
         if not 0 <= index < self.shape[dim]: _fail('NkiTensor.select', f'index {index} out of range for dim {dim} of {self.shape}')
         return self[(slice(None),) * dim + (int(index),)]
@@ -317,13 +319,33 @@ class NkiTensor:
             exp *= n
         return True
 
-    def is_indirect(self): return False
+    def _dynamic_select(self, dim, index):
+        """NKI 0.6's dynamic select, e.g. `w.select(0, idx)` with idx a [1, 1] int32 SBUF tile: one dynamic select per
+        tensor (an indirect view cannot be re-indirected), never the partition dimension of an on-chip tensor, the index
+        in bounds (oob_mode error). The simulator runs eagerly, so it reads the index when the view is made: write the
+        index before making the view, as the hardware's descriptor generation would need it before the DMA anyway."""
+        op = 'NkiTensor.select'
+        dim = self._dim(dim, op)
+        if self._ind: _fail(op, f'{self.shape} is already an indirect view: one dynamic select per tensor (check is_indirect())')
+        if self._alloc.buffer in _ONCHIP and dim == 0:
+            _fail(op, f'a dynamic select cannot index the partition dimension 0 of an on-chip tensor {self.shape}')
+        if index.size != 1 or index.dtype.kind not in 'iu' or index.buffer is not sbuf:
+            _fail(op, f'a dynamic index must be one integer element in SBUF (shape [1] or [1, 1]), got {index.shape} '
+                      f'{_dtname(index.dtype)} in {index.buffer.name}')
+        i = 0 if _st().dry else int(index._data.reshape(-1)[0])
+        if not 0 <= i < self.shape[dim]: _fail(op, f'dynamic index {i} out of range for dim {dim} of {self.shape}')
+        v = self[(slice(None),) * dim + (i,)]
+        v._ind = True
+        return v
+
+    def is_indirect(self): return self._ind
 
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim=0, dtype=None):
         """A view from an explicit access pattern [[step, count], ...] over the *storage* (not over this view): element
         (i0, i1, ...) is storage[base + Σ i_k·step_k]; base = this view's offset, plus `offset` when given."""
         op = 'NkiTensor.ap'
-        if scalar_offset is not None or vector_offset is not None: _not_simulated(f'{op} with scalar_offset/vector_offset', 'dynamic indirect access')
+        if scalar_offset is not None or vector_offset is not None: _not_simulated(f'{op} with scalar_offset/vector_offset', 'dynamic indirect access; use .select')
+        if self._ind: _not_simulated(f'{op} of an indirect view')
         pattern = [list(p) for p in pattern]
         if not pattern or any(len(p) != 2 or p[1] < 1 for p in pattern) or len(pattern) > 5:
             _fail(op, f'pattern {pattern} must be 1 to 5 [step, count] pairs with count >= 1')

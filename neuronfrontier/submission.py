@@ -66,7 +66,7 @@ class ExportError(ValueError): "The package's source cannot be bundled into a se
 
 PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ... are not
-BUNDLED = ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")
+BUNDLED = ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "train", "evaluate", "submission")
 ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
@@ -170,6 +170,7 @@ class _Stmt:
     first: int
     last: int
     error: str | None = None   # what makes it unbundlable; an error only if the bundle needs it
+    augments: str | None = None  # `X[k] = v` or `X.a = v`: adds to the module's X, kept whenever X is
 
 @dataclass
 class _Module:
@@ -218,7 +219,10 @@ def _parse_module(name: str) -> _Module:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): names = [node.name]
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names = [t.id for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Name)]
+            if all(isinstance(t, (ast.Subscript, ast.Attribute)) and isinstance(t.value, ast.Name) and mod.env.get(t.value.id) == ("def",)
+                   for t in targets):  # e.g. CONFIGS["moe-180m"] = ...: adds an entry to a name defined above, defines none
+                mod.stmts.append(_Stmt(name, node, [], [], [], {}, node.lineno, node.end_lineno, augments=targets[0].value.id)); continue
+            names = [t.id for tg in targets for t in ast.walk(tg) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)]
             if names == ["__all__"]: continue
         else: raise ExportError(f"{where(node)}: a module-level {type(node).__name__} statement cannot be bundled; move it into a function")
         for n in names: mod.env[n] = ("def",)
@@ -263,7 +267,7 @@ def _reachable(mods: dict, defs: dict, skip_refs: set, roots=ROOTS) -> tuple[lis
             st = work.pop()
             if id(st) in kept: continue
             kept.add(id(st))
-            if (st.module, st.names[0]) in skip_refs: continue
+            if st.names and (st.module, st.names[0]) in skip_refs: continue
             if st.error: errors.append(st.error); continue
             for r in st.refs:
                 t = _resolve(mods, r.module or st.module, r.name, None if r.module else st.local_imports)
@@ -283,7 +287,9 @@ def _reachable(mods: dict, defs: dict, skip_refs: set, roots=ROOTS) -> tuple[lis
         grew = False
         for mod in mods.values():
             for st in mod.stmts:
-                if id(st) in kept or not getattr(st.node, "decorator_list", None): continue
+                if id(st) in kept: continue
+                if st.augments and id(defs[(st.module, st.augments)]) in kept: need(st); grew = True; continue  # X[k] = v of a kept X
+                if not getattr(st.node, "decorator_list", None): continue
                 dec = [r for d in st.node.decorator_list for r in _refs(d, {n: t[1] for n, t in mod.env.items() if t[0] == "mod"})[0]]
                 if any((t := _resolve(mods, r.module or st.module, r.name)) and t[0] == "def" and touches_kept(defs[t[1:]]) for r in dec):
                     need(st); grew = True
@@ -304,7 +310,7 @@ def _check_order(order: list, res: dict, defs: dict):
             if d in seen or d == id(st): continue
             seen.add(d)
             if pos[d] > pos[id(st)]:
-                raise ExportError(f"{PKG}/{st.module}.py:{st.node.lineno}: {st.names[0]} needs {by_id[d].module}.{by_id[d].names[0]} "
+                raise ExportError(f"{PKG}/{st.module}.py:{st.node.lineno}: {(st.names or [st.augments])[0]} needs {by_id[d].module}.{(by_id[d].names or [by_id[d].augments])[0]} "
                                   f"when it is defined, but notebook order puts that later")
             work.extend(uses(by_id[d], False))
 
@@ -353,7 +359,7 @@ def _emit(mod: _Module, st: _Stmt, res: dict, final: dict, overrides: dict) -> s
                     if isinstance(l := getattr(p, f, None), list) and any(s is d for s in l))
         alone = len(body) == 1
         lines[at(d.lineno)] = b[:d.col_offset] + b"pass" if alone else None
-    key = (st.module, st.names[0])
+    key = (st.module, st.names[0]) if st.names else None
     if key in overrides:
         value, why = overrides[key]
         for l in range(st.node.lineno, st.node.end_lineno + 1): lines[at(l)] = None

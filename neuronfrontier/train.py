@@ -12,6 +12,8 @@ import torch.distributed as dist
 from .config import ModelConfig, TrainConfig, resolve, config_dict
 from .data import find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader, val_batches, unigram_bpb
 from .model import GPT
+from .moe import (expert_parallel, expert_groups, expert_shards, ep_sync_grads, ep_clip_grad_norm_, gather_experts,
+                                 ep_consolidated, ep_shard_optimizer_states)
 from .optim import build_optimizers, lr_multiplier, apply_schedule
 from .evaluate import evaluate_sums, bpb
 from . import ops, hw
@@ -96,17 +98,19 @@ def load_resume(path, mcfg: ModelConfig) -> dict:
     if ck["model_config"] != asdict(mcfg): raise ValueError(f"--resume: {path} was trained with a different model config")
     return ck
 
-def _weights(model: GPT) -> dict:
-    return {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}}
+def _weights(model: GPT, sd: dict | None = None) -> dict:
+    sd = model.state_dict() if sd is None else sd
+    return {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in sd.items()}}
 
-def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None) -> Path:
-    "Atomically write the weights-only checkpoint (`model.pt`): model config, weights, train/eval settings."
-    return _atomic_save(_weights(model) | ({"train_config": asdict(tcfg)} if tcfg is not None else {}), path)
+def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None, sd: dict | None = None) -> Path:
+    "Atomically write the weights-only checkpoint (`model.pt`): model config, weights (`sd`, default the model's), train/eval settings."
+    return _atomic_save(_weights(model, sd) | ({"train_config": asdict(tcfg)} if tcfg is not None else {}), path)
 
-def save_resume(path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig) -> Path:
-    "Atomically write the full training state (`resume.pt`) that `--resume` continues from."
+def save_resume(path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig, sd: dict | None = None, opt_states=None) -> Path:
+    "Atomically write the full training state (`resume.pt`) that `--resume` continues from (`sd`, `opt_states`: consolidated ones, else the model's and `opts`')."
     rng = {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})
-    return _atomic_save(_weights(model) | {"train_config": asdict(tcfg), "optimizers": [o.state_dict() for o in opts],
+    opt_states = [o.state_dict() for o in opts] if opt_states is None else opt_states
+    return _atomic_save(_weights(model, sd) | {"train_config": asdict(tcfg), "optimizers": opt_states,
                                            "state": dict(state), "rng": rng}, path)
 
 def load_for_eval(checkpoint_path: str, device: torch.device, kernels: str | None = "torch") -> torch.nn.Module:
@@ -144,10 +148,15 @@ def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, los
             loss = loss_fn(x, y) / tcfg.grad_accum
         loss.backward()
         total += loss.detach()
-    average_gradients(model.parameters(), world)
-    if tcfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+    sharded = bool(expert_shards(model))  # expert parallelism: expert gradients averaged over their replicas only
+    if sharded: ep_sync_grads(model)
+    else: average_gradients(model.parameters(), world)
+    if tcfg.grad_clip:
+        if sharded: ep_clip_grad_norm_(model, tcfg.grad_clip)
+        else: torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
     for o in opts: o.step()
     for o in opts: o.zero_grad(set_to_none=True)
+    model.after_step()          # e.g. the loss-free balancing bias of MoE routers
     return total
 
 # %% ../nbs/30_train.ipynb #e1d69476
@@ -347,10 +356,15 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
-    opts = build_optimizers(model, tcfg, print_table=False)
+    if tcfg.ep > 1:  # experts shared out over groups of `ep` ranks (identically initialised replicas first)
+        if not mcfg.n_experts: raise ValueError(f"--ep {tcfg.ep}: {config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
+        if ck is not None: model.load_state_dict(ck["model"])  # consolidated: all the experts, before each rank keeps its own
+        expert_parallel(model, *expert_groups(world, tcfg.ep))
+    opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)  # Muon on each rank's own experts
     loader = PackedLoader(train_paths, enc, tcfg.batch_size * world, mcfg.seq_len, seed=seed)  # the global batch
     state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
     if ck is not None:
+        if tcfg.ep > 1: ck = dict(ck, model=model.state_dict(), optimizers=ep_shard_optimizer_states(model, opts, ck["optimizers"]))
         _restore(model, opts, ck)
         state |= ck["state"]; loader.skip(state["loader_batches"])
         if lead: _truncate_metrics(out / "metrics.jsonl", state["step"])  # drop what a killed run logged after its checkpoint
@@ -393,13 +407,15 @@ def _stop_signals():
     return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
 
 def save_checkpoints(run: Run):
-    "Rank 0 writes `model.pt` and `resume.pt` (each atomically); the other ranks wait for it. The time goes to `state['ckpt_ns']`."
+    """Rank 0 writes `model.pt` and `resume.pt` (each atomically); the other ranks wait for it. The time goes to `state['ckpt_ns']`.
+    With sharded experts both hold what one process would: every rank first takes part in gathering them (`ep_consolidated`)."""
     t0, state = time.perf_counter_ns(), run.state
     state["ckpts"] = state.get("ckpts", 0) + 1
+    sd, opt_states = ep_consolidated(run.model, run.opts) if expert_shards(run.model) else (None, None)  # a collective
     if run.lead:
         state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
-        save_model(run.ck_path, run.model, run.tcfg)
-        save_resume(run.rs_path, run.model, run.opts, state, run.tcfg)
+        save_model(run.ck_path, run.model, run.tcfg, sd)
+        save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, sd, opt_states)
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
@@ -452,7 +468,7 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
             tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns - log_t0) / 1e9, 1e-9)
             rec = {"step": state["step"], "time_s": round(clock.charged_ns / 1e9, 4), "loss": last_loss,
                    "lr_mult": round(lr_multiplier(frac, tcfg), 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
-                   "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world), "world_size": world}
+                   "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world), "world_size": world, **run.model.moe_stats()}
             if mf: mf.write(json.dumps(rec) + "\n"); mf.flush()
             prog.update(rec, clock.charged_ns / 1e9)
             if callback is not None and callback(rec): stop["set"] = True
@@ -470,7 +486,9 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
     if status != "diverged" and agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
         status, why = "diverged", f"non-finite loss or weights by step {state['step']}"  # the steps since the last read, and the last update
     if status == "diverged": run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
-    else: save_checkpoints(run)
+    else:
+        save_checkpoints(run)
+        gather_experts(run.model)  # expert parallelism: every rank the whole model again, to evaluate it
     man = read_manifest(run.tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
            "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,

@@ -37,13 +37,26 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
     # sections in notebook order, comments kept, package prefixes gone, the name clash config.resolve / ops.resolve renamed
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
-    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "hw", "optim", "train", "evaluate", "submission")]
+    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "train", "evaluate", "submission")]
     assert "# one decision for all ranks" in src and "def ops_resolve(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
     # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
     assert "_KERNEL_MODULES = ('nf_kernels',)" in src
     for n in ("rmsnorm", "swiglu", "attention", "cross_entropy"):
         assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == S._kernel_source(n)
+    assert not (d / "nf_kernels" / "kernels" / "moe.py").exists()   # a dense model never calls the MoE kernel
+
+
+def test_an_moe_submission_trains_and_ships_the_expert_kernel(pydocs, tmp_path):
+    "cpu-tiny-moe exported: the MoE presets (added to CONFIGS after the dict) are bundled, its kernel shipped; 2 steps train and score."
+    d = tmp_path / "moe"
+    r = cli("export", "--config", "cpu-tiny-moe", "--data", pydocs, "--out", d, "--set", "eval_tokens=4096")
+    assert r.returncode == 0, r.stderr
+    assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == S._kernel_source("moe")
+    p = subprocess.run([sys.executable, "train.py", "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"], cwd=d, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "val_bpb=" in p.stdout, p.stderr[-3000:]
+    res = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert res["config_name"] == "cpu-tiny-moe" and res["config"]["model"]["n_experts"] == 8 and res["steps"] == 2
 
 
 def test_exported_train_py_matches_neuronfrontier_train(sub, pydocs, tmp_path):
