@@ -10,8 +10,8 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName', 'run_path', 'read_new', 'is_run',
            'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report', 'is_sweep',
-           'pareto_front', 'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour',
-           'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
+           'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour', 'run_check',
+           'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
@@ -64,7 +64,7 @@ def _load_json(p) -> dict | None:
 
 def is_run(d: Path) -> bool: return any((Path(d) / f).is_file() for f in RUN_FILES)
 
-from .sweep import scored  # is a result.json the final one (the sweep's resume test uses it too)
+from .sweep import scored, pareto_indices  # is a result.json the final one; the Pareto rule of the sweep's plot
 
 def _age(p) -> float:
     "Seconds since `p` was last written (infinite if it does not exist)."
@@ -213,12 +213,6 @@ def is_sweep(d) -> bool:
     d = Path(d)
     return d.is_dir() and not is_run(d) and ((d / "table.csv").is_file() or bool(run_dirs(d, 2)))
 
-def pareto_front(rows, bpb: str, toks: str) -> list[int]:
-    "Indices of the rows that no other row beats on both `bpb` (lower is better) and `toks` (higher is better)."
-    pts = [(i, r.get(bpb), r.get(toks)) for i, r in enumerate(rows)]
-    pts = [(i, b, t) for i, b, t in pts if isinstance(b, (int, float)) and isinstance(t, (int, float))]
-    return [i for i, b, t in pts if not any(b2 <= b and t2 >= t and (b2 < b or t2 > t) for _, b2, t2 in pts)]
-
 def sweep_table(d, prefix: str = "") -> dict:
     "A sweep directory's {'source', 'columns', 'rows', 'bpb', 'toks', 'pareto', 'runs'}; run names get `prefix`."
     d = Path(d)
@@ -235,7 +229,7 @@ def sweep_table(d, prefix: str = "") -> dict:
                      tok_s=r.get("tok_s"), steps=r.get("steps"), status=r.get("status")) for n, r in res.items()]
     rows = [_clean(r) for r in rows]
     return dict(source=src, columns=list(dict.fromkeys(k for r in rows for k in r)), rows=rows, bpb=bpb, toks="tok_s", runs=runs,
-                pareto=pareto_front(rows, bpb, "tok_s"))
+                pareto=pareto_indices(rows, bpb, "tok_s"))   # the sweep notebook's Pareto rule
 
 def list_sweeps(root) -> list[str]:
     "Names of the sweep directories directly under `root`."

@@ -11,8 +11,8 @@ from .config import ModelConfig, TrainConfig, resolve
 
 # %% auto #0
 __all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_settings', 'setting_dir', 'scored', 'run_result',
-           'available_cpus', 'slot_cores', 'summarize', 'pareto_front', 'table_md', 'plot_sweep', 'collect',
-           'write_outputs', 'run_sweep']
+           'available_cpus', 'slot_cores', 'summarize', 'pareto_indices', 'pareto_front', 'table_md', 'plot_sweep',
+           'collect', 'write_outputs', 'run_sweep']
 
 # %% ../nbs/65_sweep.ipynb #6823cc58
 _FIELDS = sorted({f.name for f in fields(ModelConfig)} | {f.name for f in fields(TrainConfig)} | {"recipe"})
@@ -100,12 +100,16 @@ def summarize(rows: list[dict], order=None, reference: str | None = None) -> lis
     for s in out: s["delta"] = s["val_bpb_mean"] - ref if ref is not None else math.nan
     return out
 
+def pareto_indices(rows: list[dict], bpb: str = "val_bpb_mean", toks: str = "tok_s") -> list[int]:
+    "Indices of the rows no other row beats on both `bpb` (lower is better) and `toks` (higher); rows without finite values are out."
+    ok = lambda v: isinstance(v, (int, float)) and math.isfinite(v)
+    pts = [(i, r.get(bpb), r.get(toks)) for i, r in enumerate(rows)]
+    pts = [(i, b, t) for i, b, t in pts if ok(b) and ok(t)]
+    return [i for i, b, t in pts if not any(b2 <= b and t2 >= t and (b2 < b or t2 > t) for _, b2, t2 in pts)]
+
 def pareto_front(summary: list[dict]) -> list[str]:
     "Settings not dominated in (higher tok/s, lower val_bpb), fastest first."
-    pts = [s for s in summary if math.isfinite(s["val_bpb_mean"]) and math.isfinite(s["tok_s"])]
-    def beaten(s): return any(o["tok_s"] >= s["tok_s"] and o["val_bpb_mean"] <= s["val_bpb_mean"] and
-                              (o["tok_s"] > s["tok_s"] or o["val_bpb_mean"] < s["val_bpb_mean"]) for o in pts)
-    return [s["setting"] for s in sorted(pts, key=lambda s: -s["tok_s"]) if not beaten(s)]
+    return [summary[i]["setting"] for i in sorted(pareto_indices(summary), key=lambda i: -summary[i]["tok_s"])]
 
 def _f(v, fmt): return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
