@@ -58,6 +58,21 @@ def _sim(data):
     assert last_trace() is not None
 
 
+def _moe(data):
+    from dataclasses import replace
+    from neuronfrontier.config import CONFIGS
+    from neuronfrontier.model import GPT
+    torch.manual_seed(0)
+    m = GPT(replace(CONFIGS["cpu-micro"], n_experts=4, top_k=2, d_expert=128))
+    x = torch.randint(0, 8192, (1, 128))
+    assert torch.isfinite(m.loss(x, x)) and set(m.moe_stats()) >= {"moe_load", "moe_imbalance", "moe_dropped"}
+
+
+def _submission(data):
+    from neuronfrontier.submission import bundle, check_launch, launch_line
+    assert check_launch(launch_line(8, 1))[0] and "def load_for_eval(" in bundle("cpu-micro", data_dir=data, tokenizer_dir=data / "tokenizer")
+
+
 def _cli(data):
     from neuronfrontier.cli import main
     assert main(["info", "--config", "cpu-micro"]) == 0
@@ -78,6 +93,10 @@ CALLS = {
     "neuronfrontier.kernels.cross_entropy": lambda data: _kernel_op(
         "cross_entropy", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 8, torch.randint(0, 256, (128,), generator=g)),
     "neuronfrontier.kernels.rmsnorm": lambda data: _kernel_op("rms_norm", torch.randn(128, 128, generator=g), torch.ones(128)),
+    "neuronfrontier.kernels.moe": lambda data: _kernel_op(
+        "moe_mlp", torch.randn(256, 128, generator=g), torch.randn(2, 128, 128, generator=g) / 11, torch.randn(2, 128, 128, generator=g) / 11,
+        torch.randn(2, 128, 128, generator=g) / 11, torch.tensor([0, 1])),
+    "neuronfrontier.moe": _moe,
     "neuronfrontier.kernels.swiglu": lambda data: _kernel_op(
         "swiglu", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 11, torch.randn(256, 128, generator=g) / 11),
     "neuronfrontier.loss": lambda data: importlib.import_module("neuronfrontier.loss").chunked_cross_entropy(
@@ -87,6 +106,7 @@ CALLS = {
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.sim": _sim,
     "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
+    "neuronfrontier.submission": _submission,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
