@@ -214,7 +214,9 @@ def _export(a) -> int:
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
     out = export(a.config, a.out, a.recipe, a.sets, a.nproc, a.lnc, data, tok)
-    print(f"wrote {out}/train.py, launch.txt, README.md\nlaunch: {(out / 'launch.txt').read_text().strip()}")
+    kern = ", ".join(sorted(p.stem for p in (out / "nf_kernels" / "kernels").glob("*.py") if p.stem != "__init__"))
+    print(f"wrote {out}/train.py, {f'nf_kernels/ (NKI kernels for trn2: {kern}), ' if kern else ''}launch.txt, README.md\n"
+          f"launch: {(out / 'launch.txt').read_text().strip()}")
     return 0
 
 def _check(a) -> int:
