@@ -130,12 +130,12 @@ class GPT(nn.Module):
         mean over layers of max/mean load (`moe_imbalance`, 1 = balanced), the dropped share of assignments, and the
         mean over layers of the balancing loss E·Σf·P and the router z-loss (`moe_aux`, `moe_z`: logged whatever `balance` is)."""
         if not self.moe_layers: return {}
-        load = torch.stack([m.stats["counts"] for m in self.moe_layers]).float()
-        dropped = sum(float(m.stats["dropped"]) for m in self.moe_layers)
-        return dict(moe_load=load.long().tolist(), moe_imbalance=round((load.amax(1) / load.mean(1)).mean().item(), 4),
-                    moe_dropped=round(dropped / load.sum().item(), 5),
-                    moe_aux=round(sum(float(m.stats["aux"]) for m in self.moe_layers) / len(self.moe_layers), 5),
-                    moe_z=round(sum(float(m.stats["z"]) for m in self.moe_layers) / len(self.moe_layers), 4))
+        L = len(self.moe_layers)
+        counts = torch.stack([m.stats["counts"] for m in self.moe_layers]).cpu()    # two copies off the device, not one per number
+        dropped, aux, z = torch.stack([torch.stack([m.stats[k].float() for k in ("dropped", "aux", "z")]) for m in self.moe_layers]).cpu().T.tolist()
+        load = counts.float()
+        return dict(moe_load=counts.long().tolist(), moe_imbalance=round((load.amax(1) / load.mean(1)).mean().item(), 4),
+                    moe_dropped=round(sum(dropped) / load.sum().item(), 5), moe_aux=round(sum(aux) / L, 5), moe_z=round(sum(z) / L, 4))
 
     def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (T, str(device))

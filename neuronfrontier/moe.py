@@ -280,27 +280,24 @@ def ep_clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
         if p.grad is not None: p.grad.mul_(coef.to(p.grad.dtype))
     return total
 
+def _gather_rows(t: torch.Tensor, m) -> torch.Tensor:
+    "Every expert's rows of `t` (this rank's share of dim 0), all-gathered over the layer's expert group."
+    parts = [torch.empty_like(t) for _ in range(m.ep_size)]
+    dist.all_gather(parts, t.detach().contiguous(), group=m.ep_group)
+    return torch.cat(parts)
+
 def gather_experts(model: nn.Module):
-    "Undo `expert_parallel`: every rank gets all experts back (all_gather), e.g. to consolidate a checkpoint."
+    "Undo `expert_parallel`: every rank gets all experts back (all_gather), e.g. to evaluate the whole model."
     for m in _moe_layers(model):
         if m.ep_size == 1: continue
         for name in ("w_gate", "w_up", "w_down"):
-            w = getattr(m, name).detach().contiguous()
-            parts = [torch.empty_like(w) for _ in range(m.ep_size)]
-            dist.all_gather(parts, w, group=m.ep_group)
-            setattr(m, name, nn.Parameter(torch.cat(parts)))
+            setattr(m, name, nn.Parameter(_gather_rows(getattr(m, name), m)))
         m.ep_group, m.ep_size, m.ep_rank, m.dp_group = None, 1, 0, None
 
 # %% ../nbs/05_moe.ipynb #809f649b
 def _shard_owners(model: nn.Module) -> dict[int, nn.Module]:
     "id(expert shard) → its MoE layer, for the layers `expert_parallel` sharded."
     return {id(getattr(m, n)): m for m in _moe_layers(model) if m.ep_size > 1 for n in ("w_gate", "w_up", "w_down")}
-
-def _gather_rows(t: torch.Tensor, m) -> torch.Tensor:
-    "Every expert's rows of `t` (this rank's share of dim 0), all-gathered over the layer's expert group."
-    parts = [torch.empty_like(t) for _ in range(m.ep_size)]
-    dist.all_gather(parts, t.detach().contiguous(), group=m.ep_group)
-    return torch.cat(parts)
 
 def _per_param(opt, states: dict, fn) -> dict:
     "An optimizer state_dict's `state` with `fn(param, its state)` applied to every entry (indices follow the param groups)."

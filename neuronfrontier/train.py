@@ -356,16 +356,15 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
+    if ck is not None: model.load_state_dict(ck["model"])  # consolidated (all the experts): before --ep gives each rank its own
     if tcfg.ep > 1:  # experts shared out over groups of `ep` ranks (identically initialised replicas first)
         if not mcfg.n_experts: raise ValueError(f"--ep {tcfg.ep}: {config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
-        if ck is not None: model.load_state_dict(ck["model"])  # consolidated: all the experts, before each rank keeps its own
         expert_parallel(model, *expert_groups(world, tcfg.ep))
     opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)  # Muon on each rank's own experts
     loader = PackedLoader(train_paths, enc, tcfg.batch_size * world, mcfg.seq_len, seed=seed)  # the global batch
     state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
     if ck is not None:
-        if tcfg.ep > 1: ck = dict(ck, model=model.state_dict(), optimizers=ep_shard_optimizer_states(model, opts, ck["optimizers"]))
-        _restore(model, opts, ck)
+        for o, s in zip(opts, ep_shard_optimizer_states(model, opts, ck["optimizers"])): o.load_state_dict(s)  # unchanged without --ep
         state |= ck["state"]; loader.skip(state["loader_batches"])
         if lead: _truncate_metrics(out / "metrics.jsonl", state["step"])  # drop what a killed run logged after its checkpoint
         torch.set_rng_state(ck["rng"]["cpu"])
@@ -411,7 +410,7 @@ def save_checkpoints(run: Run):
     With sharded experts both hold what one process would: every rank first takes part in gathering them (`ep_consolidated`)."""
     t0, state = time.perf_counter_ns(), run.state
     state["ckpts"] = state.get("ckpts", 0) + 1
-    sd, opt_states = ep_consolidated(run.model, run.opts) if expert_shards(run.model) else (None, None)  # a collective
+    sd, opt_states = ep_consolidated(run.model, run.opts)  # with sharded experts a collective; else the model's and optimizers' own
     if run.lead:
         state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
         save_model(run.ck_path, run.model, run.tcfg, sd)
