@@ -75,6 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None, help="default --data of train.py (default: the kit's ~/.cache/autoresearch/data)")
     p.add_argument("--tokenizer", default=None, help="default --tokenizer of train.py (default: DATA/tokenizer with --data, else the kit's)")
     p.add_argument("--out", required=True, help="directory to write the submission into")
+    p.add_argument("--no-fit", dest="fit", action="store_false",
+                   help="keep the preset's per-rank batch even if its traced step does not fit one rank's HBM")
+    p = sub.add_parser("rehearse", help="run a submission's own train.py and kernels as trn2 would, on this CPU: every kernel "
+                                        "call at production shape in the simulator, memory per rank; writes rehearsal.json")
+    p.add_argument("dir", help="the submission directory (train.py, nf_kernels/, launch.txt)")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the launch line's)")
+    p.add_argument("--lnc", type=int, default=None, help="NEURON_LOGICAL_NC_CONFIG (default: the launch line's)")
+    p.add_argument("--hbm-gib", type=float, default=None, help="HBM per rank in GiB (default: one logical core's, 12 or 24)")
+    p.add_argument("--out", default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)")
     p = sub.add_parser("check", help="check a submission against the competition's contract (exit 0 only if every row passes)")
     p.add_argument("dir", help="the submission directory (train.py, launch.txt)")
     p.add_argument("--checkpoint", default=None, help="the checkpoint to probe (default: DIR/out/model.pt, else one from a 1-step run)")
@@ -213,11 +222,36 @@ def _export(a) -> int:
     from neuronfrontier.submission import export, KIT_DATA_DIR, KIT_TOKENIZER_DIR
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
-    out = export(a.config, a.out, a.recipe, a.sets, a.nproc, a.lnc, data, tok)
+    out = export(a.config, a.out, a.recipe, a.sets, a.nproc, a.lnc, data, tok, fit=a.fit, log=print)
     kern = ", ".join(sorted(p.stem for p in (out / "nf_kernels" / "kernels").glob("*.py") if p.stem != "__init__"))
     print(f"wrote {out}/train.py, {f'nf_kernels/ (NKI kernels for trn2: {kern}), ' if kern else ''}launch.txt, README.md\n"
           f"launch: {(out / 'launch.txt').read_text().strip()}")
     return 0
+
+def _rehearse(a) -> int:
+    from neuronfrontier.submission import check_launch, launch_shape
+    from neuronfrontier.rehearsal import rehearse
+    d = Path(a.dir)
+    if not (d / "train.py").is_file(): raise UserError(f"{d}: no train.py; export a submission with `neuronfrontier export --out {d}`")
+    nproc, lnc = a.nproc, a.lnc
+    if nproc is None or lnc is None:
+        ok, line = check_launch((d / "launch.txt").read_text()) if (d / "launch.txt").exists() else (False, "no launch.txt")
+        if not ok: raise UserError(f"{d}/launch.txt: {line}; or give --nproc and --lnc")
+        nproc, lnc = nproc or launch_shape(line)[0], lnc or launch_shape(line)[1]
+    if lnc not in (1, 2): raise UserError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
+    if nproc < 1: raise UserError(f"--nproc {nproc}: must be >= 1")
+    try: rep = rehearse(d, nproc, lnc, a.out, None if a.hbm_gib is None else int(a.hbm_gib * 2**30))
+    except RuntimeError as e: raise UserError(str(e)) from None
+    mem = rep["memory"]
+    for phase, m in mem["per_rank_bytes"].items():
+        if m is None:
+            print(f"memory, {phase}: not traced (its shapes depend on the data, e.g. an MoE's dropless routing)")
+            continue
+        kinds = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in m.items() if v and k != "total")
+        print(f"memory, {phase}: {m['total'] / 2**30:.2f} GiB per rank ({kinds}){'' if mem['fits'][phase] else '  OVER'}")
+    for line in rep["failures"]: print(f"FAIL {line}")
+    print(f"rehearsal {'passed' if rep['passed'] else 'FAILED'}: {rep['summary']}\nwrote {a.out or d / 'rehearsal.json'}")
+    return 0 if rep["passed"] else 1
 
 def _check(a) -> int:
     from neuronfrontier.submission import check, check_table, CHECK_TOL
@@ -277,6 +311,7 @@ def main(argv=None) -> int:
         if a.cmd == "info": return _info(a)
         if a.cmd == "export": return _export(a)
         if a.cmd == "check": return _check(a)
+        if a.cmd == "rehearse": return _rehearse(a)
         if a.cmd == "dashboard": return _dashboard(a)
         if a.cmd == "kernels-report": return _kernels_report(a)
     except (UserError, ValueError, FileNotFoundError) as e:

@@ -59,7 +59,8 @@ def balance_losses(logits, scores, expert_idx, router: str = "softmax") -> tuple
     P_e: its mean routing probability; 1 when balanced), ST-MoE's z-loss mean(logsumexp(logits)²), and the
     assignments per expert."""
     E = logits.shape[-1]
-    counts = torch.bincount(expert_idx.reshape(-1), minlength=E)
+    e = expert_idx.reshape(-1)
+    counts = torch.zeros(E, dtype=torch.long, device=e.device).scatter_add_(0, e, torch.ones_like(e))  # static shape [E]
     f = counts.float() / expert_idx.numel()
     p = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
     aux = E * (f * p.mean(0)).sum()
@@ -138,7 +139,8 @@ def expert_mlp(x, w_gate, w_up, w_down, block_expert, impl: str | None = None):
     dev = x.device.type
     dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
     x, w_gate, w_up, w_down = (t.to(dt) for t in (x, w_gate, w_up, w_down))
-    rows = torch.bincount(block_expert, minlength=w_gate.shape[0]) * BLOCK
+    be = block_expert.long()
+    rows = torch.zeros(w_gate.shape[0], dtype=torch.long, device=be.device).scatter_add_(0, be, torch.ones_like(be)) * BLOCK
     if impl == "auto": impl = "grouped" if grouped_mm_works(x.device, dt) else "loop"
     if impl == "grouped":
         offs = rows.cumsum(0).to(torch.int32)

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
-           'torch_neuronx_module', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'moe_mlp',
-           'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch', 'moe_mlp_torch']
+           'torch_neuronx_module', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy',
+           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch',
+           'moe_mlp_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
@@ -93,6 +94,12 @@ def torch_neuronx_module():
         return torch_neuronx
     except Exception:
         return None
+
+# %% ../nbs/03_ops.ipynb #4355f6cd
+def kernel_dtype(x: torch.Tensor) -> torch.dtype:
+    "The dtype of a kernel's matmul operands for activations `x`: autocast's dtype while autocast is on for x's device, else x's."
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 # %% ../nbs/03_ops.ipynb #99e9b258
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -14,7 +14,7 @@ __all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'ALLOWED
            'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS', 'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'PKG', 'BUNDLED',
            'ROOTS', 'KERNEL_PACKAGE', 'CHECK_TOL', 'CHECKS', 'submission_main', 'ExportError', 'scan_imports',
            'unresolved_names', 'provenance', 'bundle', 'ops_used', 'kernel_modules', 'bundle_names', 'ship_kernels',
-           'launch_line', 'export', 'check_launch', 'check', 'check_table']
+           'launch_line', 'export', 'check_launch', 'launch_shape', 'check', 'check_table']
 
 # %% ../nbs/95_submission.ipynb #b3bbb388
 KIT_DATA_DIR = "~/.cache/autoresearch/data"            # the kit's parquet shards (autoresearch `prepare.py`)
@@ -398,6 +398,9 @@ def scan_imports(src: str, local_modules=(), relative: bool = False) -> list[str
         else: continue
         for m in mods:
             top = m.split(".")[0]
+            if m == "neuronxcc.nki" or m.startswith("neuronxcc.nki."):   # gone from neuronx-cc since Neuron 2.34
+                out.append(f"line {n.lineno}: `{m}` was removed in Neuron 2.34 (neuronx-cc no longer ships it): import nki")
+                continue
             if top == "__future__" or top in sys.stdlib_module_names or top in ALLOWED_PACKAGES or top in local_modules: continue
             if top in NEURON_PACKAGES:
                 if not _guarded(n, parents): out.append(f"line {n.lineno}: `{m}` imported without a try/except ImportError guard (it exists on trn2 only)")
@@ -550,7 +553,9 @@ def install(register):
     for m in MODULES: importlib.import_module(f"{{__name__}}.kernels.{{m}}")
 '''
 
-_KP_OPS = '''"""What the kernel modules use of the package's ops module: the op table's `register` (train.py's, set by `install`) and TorchNeuron."""
+_KP_OPS = '''"""What the kernel modules use of the package's ops module: the op table's `register` (train.py's, set by `install`),
+TorchNeuron, and `kernel_dtype` (bundled from neuronfrontier/ops.py)."""
+{bundled}
 
 register = None   # train.py's register(op, backend) decorator, set by nf_kernels.install before any kernel module is imported
 
@@ -564,7 +569,8 @@ def torch_neuronx_module():
         return None
 '''
 
-_KP_SIM = '''"""The real NKI 0.6: the names the kernel modules import from neuronfrontier.sim (which, off trn2, is the package's simulator)."""
+_KP_SIM = '''"""The real NKI (Neuron SDK 2.34: NKI 0.8): the names the kernel modules import from neuronfrontier.sim (which, off trn2,
+is the package's simulator)."""
 try:
     import nki
     import nki.isa as nisa
@@ -594,7 +600,7 @@ def ship_kernels(out_dir, names, prov: dict | None = None) -> list[Path]:
     prov = prov or provenance()
     srcs = {n: _kernel_source(n) for n in names}
     hw = set().union(*(_kernel_imports(n, s)[1] for n, s in srcs.items()))
-    files = {"__init__.py": _KP_INIT.format(modules=tuple(names), **prov), "ops.py": _KP_OPS, "sim.py": _KP_SIM.format(package=KERNEL_PACKAGE),
+    files = {"__init__.py": _KP_INIT.format(modules=tuple(names), **prov), "ops.py": _KP_OPS.format(bundled=bundle_names("ops", {"kernel_dtype"})), "sim.py": _KP_SIM.format(package=KERNEL_PACKAGE),
              "hw.py": f'"""The definitions of {PKG}.hw the kernel modules import ({", ".join(sorted(hw))}), bundled from {PKG}/hw.py."""\n\n' + bundle_names("hw", hw),
              "kernels/__init__.py": '"The package\'s NKI kernel modules, verbatim: each registers its op\'s backends when imported."\n',
              **{f"kernels/{n}.py": s for n, s in srcs.items()}}
@@ -611,7 +617,7 @@ def launch_line(nproc: int = 8, lnc: int = 1) -> str:
     if lnc not in ALLOWED_LNC: raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={nproc} train.py"
 
-def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=()) -> str:
+def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=(), fit_note="") -> str:
     from neuronfrontier.config import config_dict
     ops_line = (f"the NKI kernels in `{KERNEL_PACKAGE}/` ({', '.join(kmods)}: verbatim copies of the package's kernel modules) on trn2,\n"
                 f"  PyTorch elsewhere (`--set kernels=...`: {tcfg.kernels})" if kmods else "plain PyTorch (no NKI kernel files are shipped)")
@@ -639,7 +645,7 @@ The scorer loads the checkpoint with `load_for_eval(checkpoint_path, device)`, d
 - training: {tcfg.optim}, schedule {tcfg.schedule}, {tcfg.dtype}, {tcfg.batch_size} rows per process per micro-batch × {tcfg.grad_accum},
   ops: {ops_line}
 - overrides on top of the preset: {', '.join(sets) if sets else 'none'}
-
+{f"{chr(10)}## Memory per rank{chr(10)}{chr(10)}{fit_note}{chr(10)}" if fit_note else ""}
 No measured figures are claimed here: run `neuronfrontier check .` before submitting, and read `out/result.json` after a run.
 
 ## Full configuration
@@ -649,9 +655,8 @@ No measured figures are claimed here: run `neuronfrontier check .` before submit
 ```
 """
 
-def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1,
-           data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR) -> Path:
-    "Write a submission into `out_dir`: train.py (bundled, the config baked in), nf_kernels/ (when an op runs NKI on trn2), launch.txt and README.md; returns `out_dir`."
+def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, fit_note="") -> Path:
+    "Bundle and write the submission's files into `out` (train.py, nf_kernels/, launch.txt, README.md)."
     import shutil
     from neuronfrontier.config import resolve
     mcfg, tcfg = resolve(config, recipe, sets)  # a bad config, recipe or override fails here, in one line
@@ -662,12 +667,52 @@ def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int 
              f"package's own modules, in notebook order; do not edit (change the package and export again).\n\n"
              f"Launch: {launch}\nScoring: load_for_eval(checkpoint_path, device) -> eval-mode model, tokens [B, T] -> logits [B, T, V].")
     src = bundle(config, recipe, sets, data_dir, tokenizer_dir, title, KERNEL_PACKAGE if kmods else None)
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     if kmods: ship_kernels(out, kmods, prov)
     else: shutil.rmtree(out / KERNEL_PACKAGE, ignore_errors=True)
     (out / "train.py").write_text(src)
     (out / "launch.txt").write_text(launch + "\n")
-    (out / "README.md").write_text(_readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods))
+    readme = _readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods, fit_note)
+    (out / "README.md").write_text(readme)
+    return out
+
+def _fit_note(plan: dict, rows: int, seq_len: int, lnc: int, changed: bool) -> str:
+    "What the memory plan found, for the README and the console."
+    gib = lambda b: f"{b / 2**30:.2f} GiB"
+    first, last = plan["tried"][0], plan["tried"][-1]
+    paths = ", ".join(f"{gib(v)} {'with the kernels' if k == 'kernels' else 'with PyTorch ops'}" for k, v in last["peak_bytes"].items())
+    why = (f"; {first['batch_size']} rows in one micro-batch need {gib(max(first['peak_bytes'].values()))}" if changed else "")
+    return (f"{plan['batch_size']} rows × {seq_len} tokens a micro-batch × {plan['grad_accum']} accumulation steps = "
+            f"{rows} rows per rank and step{' (fitted by the export)' if changed else ''}: peak {paths}, of "
+            f"{gib(plan['limit_bytes'])} usable per rank at LNC={lnc}{why} (traced on FakeTensors by "
+            f"`neuronfrontier.rehearsal.plan_batch`; CPU operator semantics, not measured on trn2)")
+
+def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1,
+           data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, fit: bool = True, log=None) -> Path:
+    """Write a submission into `out_dir`: train.py (bundled, the config baked in), nf_kernels/ (when an op runs NKI on
+    trn2), launch.txt and README.md; returns `out_dir`. With `fit`, the per-rank micro-batch is the largest whose traced
+    step fits one rank's HBM (`rehearsal.plan_batch`, kernels and PyTorch ops alike), gradient accumulation keeping the
+    global batch; `log` (e.g. print) hears what was chosen."""
+    from neuronfrontier.config import resolve
+    from neuronfrontier.rehearsal import plan_batch
+    out, sets = Path(out_dir), list(sets)
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir)
+    if not fit: return out
+    mcfg, tcfg = resolve(config, recipe, sets)
+    rows = tcfg.batch_size * tcfg.grad_accum
+    try: plan = plan_batch(out, nproc, lnc)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        raise ValueError(f"{config}: the memory plan failed ({str(e).strip().splitlines()[0]}); export with --no-fit to skip it") from None
+    if plan["batch_size"] is None:
+        need = min(max(t["peak_bytes"].values()) for t in plan["tried"])
+        raise ValueError(f"{config}: no per-rank micro-batch fits one rank at LNC={lnc}: even {plan['tried'][-1]['batch_size']} "
+                         f"row needs {need / 2**30:.2f} GiB of {plan['limit_bytes'] / 2**30:.2f} usable; "
+                         f"launch with --nproc 4 --lnc 2 (twice the HBM per rank) or a smaller model")
+    changed = plan["batch_size"] != tcfg.batch_size
+    if changed: sets += [f"batch_size={plan['batch_size']}", f"grad_accum={plan['grad_accum']}"]
+    note = _fit_note(plan, rows, mcfg.seq_len, lnc, changed)
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, note)
+    if log: log(f"memory per rank: {note}")
     return out
 
 # %% ../nbs/95_submission.ipynb #468ddcd3
@@ -694,7 +739,7 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
     import importlib.abc, importlib.util, inspect, json, sys
     import torch, torch.distributed as dist
     tol, rows = float(tol), []
-    def row(name, ok, why): rows.append([name, bool(ok), why])
+    def row(name, ok, why): rows.append([name, None if ok is None else bool(ok), why])   # None: not probed
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] == "neuronfrontier": raise ImportError("a submission may not import neuronfrontier")
@@ -754,17 +799,27 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
     row("finite", not bad, f"logits [{B}, {T}, {z.shape[2]}] on a validation batch: no NaN/inf" if not bad else f"{', '.join(bad)} on a validation batch")
     fin = torch.isfinite(z)
     tol = tol * max(1.0, float(z[fin].abs().max()) if fin.any() else 1.0)  # relative to the logits' scale, at least absolute
+    # a probe must first show it can see what it tests: the logits at t move when tokens before t change. An untrained
+    # model whose blocks start as the identity (zero output projections) ignores its context: nothing could leak
+    seen = 0.0
+    for t in (T // 4, T // 2, T - 2):
+        x1 = x.clone(); x1[:, :t] = rand(B, t)
+        seen = max(seen, diff(z[:, t], run(x1)[:, t]))
+    blind = (f"not probed: the logits at a position do not move when the tokens before it change (max |Δlogit| {seen:.2e} "
+             f"<= {tol:.1e}), so a leak could not show; probe a trained checkpoint (--checkpoint)") if seen <= tol else ""
     worst = 0.0
     for t in (T // 4, T // 2, T - 2):  # change every token after position t: logits at positions <= t must not move
         x2 = x.clone(); x2[:, t + 1:] = rand(B, T - t - 1)
         worst = max(worst, diff(z[:, :t + 1], run(x2)[:, :t + 1]))
-    row("causal", worst <= tol, f"max |Δlogit| at positions <= t when tokens after t change: {worst:.2e} (tolerance {tol:.1e})")
+    row("causal", None if blind else worst <= tol, blind or f"max |Δlogit| at positions <= t when tokens after t change: "
+        f"{worst:.2e} (tolerance {tol:.1e}; earlier tokens move them by {seen:.2e})")
     worst = 0.0
     for i in range(B):  # the same row alone, and among different rows
         worst = max(worst, diff(z[i:i + 1], run(x[i:i + 1])))
         x3 = rand(B + 1, T); x3[B - i] = x[i]
         worst = max(worst, diff(z[i], run(x3)[B - i]))
-    row("batch independent", worst <= tol, f"max |Δlogit| of a row alone or among other rows vs in its batch: {worst:.2e} (tolerance {tol:.1e})")
+    row("batch independent", None if blind else worst <= tol, blind or f"max |Δlogit| of a row alone or among other rows vs "
+        f"in its batch: {worst:.2e} (tolerance {tol:.1e}; the row's own earlier tokens move them by {seen:.2e})")
     row("no collectives", not calls, "none while loading and scoring" if not calls else f"called {', '.join(sorted(set(calls)))}")
     print(json.dumps(rows))
 
@@ -781,18 +836,37 @@ def _baked(src: str, name: str, default=None):
 
 def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
     "Train the submission for one step (an export's `--steps`/`--out`/`--set` flags) to get a checkpoint to probe."
-    cmd = [sys.executable, "train.py", "--steps", "1", "--out", str(tmp), "--quiet", "--device", device, "--data", str(data), "--tokenizer", str(tokenizer),
-           "--set", "eval_seq_len=128", "--set", "eval_tokens=128", "--set", "eval_batch_size=1"]
+    # one row of 256 tokens: the probes need a checkpoint whose model uses its context, not the preset's batch (a 124M
+    # model's 16 × 2048-token step takes minutes on a CPU); after one optimizer step the blocks are no longer the identity
+    small = ["batch_size=1", "grad_accum=1", "seq_len=256", "eval_seq_len=128", "eval_tokens=128", "eval_batch_size=1"]
+    cmd = [sys.executable, "train.py", "--steps", "1", "--out", str(tmp), "--quiet", "--device", device, "--data", str(data),
+           "--tokenizer", str(tokenizer), *(a for kv in small for a in ("--set", kv))]
     r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=1800)
     if r.returncode or not (tmp / "model.pt").exists():
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"a 1-step run of train.py made no checkpoint ({last[:200]}); pass --checkpoint")
     return tmp / "model.pt"
 
-def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cpu", tol: float = CHECK_TOL) -> list[tuple[str, bool, str]]:
-    """The contract rows (name, passed, reason) for the submission in `sub_dir`. The model rows load train.py in a fresh
-    interpreter (neuronfrontier blocked) and call its `load_for_eval` on `checkpoint` (default: out/model.pt, else one
-    made by a 1-step run) with 4 validation rows of 128 tokens from `data` (default: the path baked into train.py)."""
+def launch_shape(line: str) -> tuple[int, int]:
+    "(nproc, lnc) of a launch line `check_launch` accepted."
+    return (int(re.search(r"--nproc_per_node[= ](\d+)", line).group(1)),
+            int(re.search(r"NEURON_LOGICAL_NC_CONFIG=(\d+)", line).group(1)))
+
+def _rehearsal_row(d: Path, line: str) -> tuple[bool, str]:
+    "The rehearsal row: `rehearsal.rehearse` at the launch line's shape (writes d/rehearsal.json)."
+    from neuronfrontier.rehearsal import rehearse
+    try: rep = rehearse(d, *launch_shape(line))
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+        return False, f"not rehearsed: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+    return rep["passed"], rep["summary"] + " (rehearsal.json)"
+
+def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cpu", tol: float = CHECK_TOL,
+          rehearse_it: bool = True) -> list[tuple[str, bool | None, str]]:
+    """The contract rows (name, passed, reason) for the submission in `sub_dir`; passed is None for a probe that could not
+    see what it tests. The rehearsal row runs the submission as trn2 would (`neuronfrontier.rehearsal`; `rehearse_it`).
+    The model rows load train.py in a fresh interpreter (neuronfrontier blocked) and call its `load_for_eval` on
+    `checkpoint` (default: out/model.pt, else one made by a 1-step run) with 4 validation rows of 128 tokens from
+    `data` (default: the path baked into train.py)."""
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches
     import torch
     d = Path(sub_dir)
@@ -809,6 +883,7 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
                  if not problems else "; ".join(problems[:3])))
     launch = d / "launch.txt"
     rows.append(("launch", *(check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt"))))
+    if rows[-1][1] and rehearse_it: rows.append(("rehearsal", *_rehearsal_row(d, rows[-1][2])))
     data = Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve()  # the 1-step run starts in sub_dir
     tokenizer = Path(tokenizer or _baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser().resolve()
     with tempfile.TemporaryDirectory() as tmp:
@@ -831,14 +906,16 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
         except (RuntimeError, ValueError, FileNotFoundError, OSError, subprocess.TimeoutExpired) as e:
             rows.append(("load_for_eval", False, f"not probed: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"))
     names = [r[0] for r in rows]
-    rows += [(n, False, "not run: an earlier row failed") for n in CHECKS if n not in names]
+    rows += [(n, False, "not run: an earlier row failed") for n in CHECKS if n not in names and (n != "rehearsal" or rehearse_it)]
     return sorted(rows, key=lambda r: CHECKS.index(r[0]))
 
-CHECKS = ("imports", "launch", "load_for_eval", "eval model", "no hooks", "finite", "causal", "batch independent", "no collectives")
+CHECKS = ("imports", "launch", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite", "causal", "batch independent",
+          "no collectives")
 
 def check_table(rows) -> str:
     "The contract rows as a text table; the last line says whether the submission may be spent."
     w = max(len(r[0]) for r in rows)
-    out = [f"{'check':<{w}}  result  reason"] + [f"{n:<{w}}  {'pass' if ok else 'FAIL'}    {why}" for n, ok, why in rows]
+    label = lambda ok: "pass" if ok else "n/a " if ok is None else "FAIL"   # n/a: the probe could not see what it tests
+    out = [f"{'check':<{w}}  result  reason"] + [f"{n:<{w}}  {label(ok)}    {why}" for n, ok, why in rows]
     failed = [n for n, ok, _ in rows if not ok]
     return "\n".join(out + [f"{len(rows) - len(failed)}/{len(rows)} passed" + (f"; fix: {', '.join(failed)}" if failed else "")])

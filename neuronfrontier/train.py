@@ -508,7 +508,9 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
         te = time.perf_counter_ns()
         vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
         dev = run.dev
-        with autocast(dev, tcfg.eval_dtype):  # fp32 unless eval_dtype='bf16' asks otherwise
+        # the scorer's own ops (load_for_eval pins PyTorch's): the printed val_bpb is computed as the organisers compute it,
+        # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
+        with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
             sums = evaluate_sums(run.model, [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]], run.token_bytes.to(dev))  # this rank's share
         if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
         res["val_bpb"] = bpb(*sums.tolist())

@@ -27,7 +27,6 @@ def free_port() -> int:
 
 @pytest.fixture
 def fake_torch_neuronx():
-    "A stand-in for torch_neuronx on CPU: its nki_op is torch.library.custom_op (op names moved to the nf_test namespace)."
-    import types, torch
-    return types.SimpleNamespace(nki_op=lambda name, mutates_args: torch.library.custom_op(
-        name.replace("neuronfrontier::", "nf_test::"), mutates_args=mutates_args))
+    "The TorchNeuron stand-in (neuronfrontier.torchneuron): nki_op and wrap_nki, the kernels in the simulator."
+    from neuronfrontier.torchneuron import TorchNeuronStandIn
+    return TorchNeuronStandIn().module

@@ -59,11 +59,12 @@ def test_bf16_and_mixed_dtypes():
     h, W = torch.randn(256, 256, generator=g), torch.randn(1024, 256, generator=g) * 0.05
     y = torch.randint(0, 1024, (256,), generator=g)
     _compare(h.bfloat16(), W.bfloat16(), y, rel=2e-2, block_tiles=1, softcap=30.0)   # bf16 matmuls: 8-bit mantissa
-    # mixed dtypes (the torch reference refuses them): both go in as fp32, gradients come back in each input's dtype
+    # mixed dtypes (the torch reference refuses them): the matmuls run in h's dtype (bf16, as under autocast), so the
+    # loss is that of the bf16-rounded weights; gradients come back in each input's dtype (dW rounded through bf16 operands)
     l1, dh1, dW1 = _run("cross_entropy=nki-sim", h.bfloat16(), W, y)
-    l0, dh0, dW0 = _run("torch", h.bfloat16().float(), W, y)
+    l0, dh0, dW0 = _run("torch", h.bfloat16().float(), W.bfloat16().float(), y)
     assert dh1.dtype == torch.bfloat16 and dW1.dtype == torch.float32
-    assert abs(l1.item() - l0.item()) <= 1e-5 * l0.item() and (dW1 - dW0).abs().max() <= 1e-5 * dW0.abs().max()
+    assert abs(l1.item() - l0.item()) <= 1e-5 * l0.item() and (dW1 - dW0).abs().max() <= 2e-2 * dW0.abs().max()
 
 
 def test_reduction_none_and_single_counted_token():

@@ -95,3 +95,30 @@ def test_cpu_micro_bf16_training_close_to_torch():
     ref = train_losses("cpu-micro", "torch", steps=5, dtype=torch.bfloat16)
     sim = train_losses("cpu-micro", "rms_norm=nki-sim,swiglu=nki-sim", steps=5, dtype=torch.bfloat16)
     assert all(abs(a - b) <= 1e-3 * abs(a) for a, b in zip(ref, sim)), (ref, sim)
+
+
+def test_nki_backend_honours_autocast(fake_torch_neuronx):
+    """Under bf16 autocast the `nki` wrapper hands the kernels bf16 activations and weights (a custom operator is not
+    autocast: without the cast they would get the fp32 RMSNorm output), the TensorEngine multiplies bf16, and the
+    weights' gradients come back fp32 — the parameters' dtype — close to autocast's own F.linear path."""
+    assert _register_nki(fake_torch_neuronx)
+    standin = fake_torch_neuronx.standin
+    try:
+        x, wg, wu = swiglu_inputs(256, 256, 384, seed=7)
+        grads = {}
+        for backend in ("torch", "nki"):
+            xs, gs, us = (t.clone().requires_grad_() for t in (x, wg, wu))
+            with ops.use_backend(f"swiglu={backend}"), torch.autocast("cpu", dtype=torch.bfloat16):
+                h = ops.swiglu(xs, gs, us)
+            assert h.dtype == torch.bfloat16
+            h.float().square().mean().backward()
+            grads[backend] = (xs.grad, gs.grad, us.grad)
+        assert [c.direction for c in standin.calls] == ["fwd", "bwd"]
+        for c in standin.calls:
+            assert all(a[1] == "torch.bfloat16" for a in c.args), c.args
+            assert set(c.matmul_flops) == {"bfloat16"}, c.matmul_flops
+        for a, b in zip(grads["nki"], grads["torch"]):
+            assert a.dtype == b.dtype == torch.float32
+            assert (a - b).abs().max() <= 3e-2 * b.abs().max(), (a - b).abs().max()
+    finally:
+        ops._IMPLS["swiglu"].pop("nki", None)

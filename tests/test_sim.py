@@ -1,6 +1,6 @@
-"""Tests of the NKI CPU simulator (`neuronfrontier.sim`): the 0.6 API table, kernels written from the public NKI 0.6
+"""Tests of the NKI CPU simulator (`neuronfrontier.sim`): the NKI 0.8 API table (0.6 stubs + the 0.7 and 0.8 changes), kernels written from the public NKI
 documentation on shapes no other test uses, every rule NKI 0.6 enforces (and 0.2 code broke), and the `Trace`."""
-import inspect, os
+import inspect, os, warnings
 from enum import Enum
 import numpy as np, ml_dtypes, pytest
 import neuronfrontier.sim as sim
@@ -33,14 +33,16 @@ def _implemented(obj): return not getattr(obj, 'not_simulated', False)
 
 def test_table_provenance():
     p = NKI_API['provenance']
-    assert p['repository'] == 'github.com/aws-neuron/aws-neuron-sdk' and len(p['commit']) == 40 and p['nki_version'] == '0.6.0'
-    assert p['paths']['nki.isa'] == 'nki/api/nki/isa/__init__.py'
+    assert p['repository'] == 'github.com/aws-neuron/aws-neuron-sdk' and len(p['commit']) == 40 and p['stubs_nki_version'] == '0.6.0'
+    assert (p['nki_version'], p['neuron_sdk']) == ('0.8.0', '2.34.0') and p['paths']['nki.isa'] == 'nki/api/nki/isa/__init__.py'
+    assert {c['nki_version'] for c in p['changes']} == {'0.7.0', '0.8.0'}
+    assert all(c['source'].startswith('https://awsdocs-neuron.readthedocs-hosted.com/') for c in p['changes'])
     assert {'dma_copy', 'dma_compute', 'nc_matmul', 'affine_select'} <= set(NKI_API['nki.isa'])
 
 
 @pytest.mark.parametrize('mod,ns', [('nki.language', sim.emu_nl), ('nki.isa', sim.emu_nisa), ('nki', sim.emu_nki)])
 def test_signatures_match_the_table(mod, ns):
-    "Every implemented nl/nisa callable has exactly the 0.6 parameter names, order, kinds and defaults."
+    "Every implemented nl/nisa callable has exactly the 0.8 parameter names, order, kinds and defaults."
     checked = 0
     for name, e in NKI_API[mod].items():
         if e['kind'] != 'function': continue
@@ -75,10 +77,11 @@ def test_namespaces_are_exactly_the_table():
 def test_unimplemented_names_say_so():
     assert 'nl.rand' in sim.NOT_SIMULATED and 'nisa.dma_transpose' in sim.NOT_SIMULATED
     for full in sim.NOT_SIMULATED:
-        mod, name = full.split('.')
-        obj = getattr(nl if mod == 'nl' else nisa, name)
+        mod, name = full.rsplit('.', 1)
+        obj = getattr({'nl': nl, 'nisa': nisa, 'nki.lnc': sim.emu_lnc}[mod], name)
         if callable(obj):
-            with pytest.raises((NotSimulatedError, NKIConstraintError), match=rf'{full}'):
+            with pytest.raises((NotSimulatedError, NKIConstraintError), match=rf'{full}'), warnings.catch_warnings():
+                warnings.simplefilter('ignore', DeprecationWarning)
                 obj(None)
     with pytest.raises(NotSimulatedError, match='not simulated in neuronfrontier.sim: nl.tfloat32'):
         nl.ndarray((128, 4), dtype=nl.tfloat32)
@@ -283,7 +286,7 @@ def test_rule2_bracket_is_the_logical_core_count(monkeypatch):
 
 def test_rule3_unknown_keywords_are_errors():
     _trips(lambda: nisa.memset(dst=nl.ndarray((128, 4), dtype=nl.float32), value=0.0, mask=None),
-           r"nisa.memset: got an unexpected keyword argument 'mask'; the NKI 0.6 signature is memset\(dst, value, engine=engine.unknown, name=None\)")
+           r"nisa.memset: got an unexpected keyword argument 'mask'; the NKI 0.8 signature is memset\(dst, value, engine=engine.unknown, name=None\)")
     _trips(lambda: nl.num_programs(axis=None), r"nl.num_programs: got an unexpected keyword argument 'axis'")
     _trips(lambda: nl.ndarray((128, 4), dtype=nl.float32, bogus=1), r"nl.ndarray: got an unexpected keyword argument 'bogus'")
 
@@ -811,3 +814,43 @@ def test_real_nki_is_used_when_importable(tmp_path):
                             'nki/isa.py': 'def nc_matmul(*a, **k): pass\n',
                             'nki/language.py': ''})
     assert out == ['True', 'nki.language', 'nki.isa', 'real-simulate']
+
+
+# ---------------------------------------------------------------- what NKI 0.7 and 0.8 changed, enforced
+def test_removed_names_say_what_replaces_them():
+    assert not hasattr(nl, 'dynamic_range')                  # removed in 0.7: an AttributeError that says what to use
+    with pytest.raises(sim.RemovedNameError, match=r'nl.dynamic_range: removed in NKI 0.7.0; use nl.fori_loop'):
+        nl.dynamic_range(4)
+
+
+def test_deprecated_names_warn_at_the_call_site():
+    with pytest.warns(DeprecationWarning, match=r'nisa.sendrecv is deprecated since NKI 0.8.0: use nki.lnc.sendrecv'):
+        with pytest.raises(NotSimulatedError): nisa.sendrecv(None, None, 0, 1, 0)
+    with pytest.warns(DeprecationWarning, match=r'nl.affine_range is deprecated since NKI 0.7.0: use range'):
+        assert list(nl.affine_range(3)) == [0, 1, 2]
+    assert 'nki.lnc.sendrecv' in sim.NOT_SIMULATED and callable(sim.emu_nki.lnc.core_barrier)
+
+
+def test_new_names_and_signatures_of_0_7_and_0_8():
+    for name in ('NkiScalar', 'scalar_load', 'scalar_store', 'scalar_alu'): assert f'nisa.{name}' in sim.NOT_SIMULATED
+    for name in ('if_else', 'tiles', 'alloc_tiles'): assert f'nl.{name}' in sim.NOT_SIMULATED
+    cfg = sim.emu_nki.compiler.CompileConfig(dead_code_elim=False)
+    k = sim.emu_nki.jit(tiled_add, compile_config=cfg)                       # 0.7's keyword-only compile options
+    assert simulate(k)(np.ones((128, 4), np.float32), np.ones((128, 4), np.float32)).sum() == 1024
+    _trips(lambda: sim.emu_nki.jit(tiled_add, compile_config={'opt': 1}), r'nki.jit: compile_config= takes a nki.compiler.CompileConfig')
+    t = nl.ndarray((128, 4), dtype=nl.float32)
+    _trips(lambda: nisa.activation(dst=t, op=nl.exp, data=t, engine=nisa.engine.gpsimd), r'activation: engine=gpsimd: .* NeuronCore-v4')
+
+
+@nki.jit
+def branch_on_values(x):
+    "Python control flow on a tile's values: what tracing (NKI 0.7+) cannot do."
+    t = nl.load(x)
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    if t: nl.store(out, t)
+    return out
+
+
+def test_python_cannot_branch_on_device_values():
+    with pytest.raises(NKIConstraintError, match=r'used as a Python truth value: its values are unknown while the kernel is traced'):
+        simulate(branch_on_values)(np.ones((128, 4), np.float32))

@@ -73,6 +73,24 @@ def _submission(data):
     assert check_launch(launch_line(8, 1))[0] and "def load_for_eval(" in bundle("cpu-micro", data_dir=data, tokenizer_dir=data / "tokenizer")
 
 
+def _torchneuron(data):
+    from neuronfrontier.torchneuron import TorchNeuronStandIn
+    from neuronfrontier.kernels import rmsnorm
+    tnx = TorchNeuronStandIn()
+    try:
+        assert rmsnorm._register_nki(tnx.module)
+        with ops.use_backend("rms_norm=nki"):
+            got = ops.rms_norm(torch.randn(128, 128, generator=g), torch.ones(128))
+        assert got.shape == (128, 128) and [c.kernel for c in tnx.calls] == ["rmsnorm_fwd_kernel"]
+    finally:
+        ops._IMPLS["rms_norm"].pop("nki", None)
+
+
+def _rehearsal(data):
+    from neuronfrontier.rehearsal import hbm_per_rank, trn2_backends
+    assert hbm_per_rank(2) == 2 * hbm_per_rank(1) and trn2_backends(ops.parse_backend, "auto").startswith("rms_norm=nki")
+
+
 def _cli(data):
     from neuronfrontier.cli import main
     assert main(["info", "--config", "cpu-micro"]) == 0
@@ -105,6 +123,8 @@ CALLS = {
     "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.sim": _sim,
+    "neuronfrontier.torchneuron": _torchneuron,
+    "neuronfrontier.rehearsal": _rehearsal,
     "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
     "neuronfrontier.submission": _submission,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(

@@ -95,7 +95,9 @@ def test_check_passes_the_export(sub):
     d, _ = sub
     r = cli("check", d)
     print(r.stdout)
-    assert r.returncode == 0 and "9/9 passed" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "10/10 passed" in r.stdout, r.stdout + r.stderr
+    rep = json.loads((d / "rehearsal.json").read_text())   # the rehearsal row wrote its findings
+    assert rep["passed"] and rep["launch"] == {"nproc": 8, "lnc": 1} and rep["kernel_calls"], rep["summary"]
 
 
 def _wrap(body: str) -> str:
@@ -120,6 +122,8 @@ BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must f
     "forbidden import": (("train.py", "\n\ndef _plot():\n    import matplotlib.pyplot\n"), "imports", "`matplotlib.pyplot` is not allowed"),
     "neuronfrontier import": (("train.py", "\n\ndef _helper():\n    from neuronfrontier.model import GPT\n"), "imports", "`neuronfrontier.model` is not allowed"),
     "unguarded neuron import": (("train.py", "\n\ndef _kernels():\n    import torch_neuronx\n"), "imports", "without a try/except ImportError guard"),
+    "neuronxcc.nki (gone in 2.34)": (("nf_kernels/kernels/swiglu.py", "\ntry:\n    import neuronxcc.nki as old\nexcept ImportError:\n    pass\n"),
+                                     "imports", "`neuronxcc.nki` was removed in Neuron 2.34"),
     "forbidden import in a kernel file": (("nf_kernels/kernels/rmsnorm.py", "\nimport requests\n"), "imports", "nf_kernels/kernels/rmsnorm.py: line"),
     "bad launch line": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py | tee log\n"), "launch", "shell operator '|'"),
     "two processes": (("launch.txt", "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=2 train.py\n"), "launch", "--nproc_per_node=2: allowed are 1, 4, 8"),
@@ -142,7 +146,7 @@ def test_check_fails_each_broken_fixture(sub, tmp_path, name):
     shutil.copytree(sub[0], d)
     p = d / fname
     p.write_text(p.read_text() + edit if fname.endswith(".py") else edit)
-    rows = {n: (ok, reason) for n, ok, reason in S.check(d)}
+    rows = {n: (ok, reason) for n, ok, reason in S.check(d, rehearse_it=False)}   # the rehearsal: tests/test_rehearsal.py
     failed = [n for n, (ok, _) in rows.items() if not ok]
     print(name, "->", {n: rows[n] for n in failed})
     assert not rows[row][0] and why in rows[row][1], rows[row]
@@ -154,7 +158,8 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
     shutil.copytree(sub[0], d)
     (d / "launch.txt").write_text("torchrun --nproc_per_node=8 train.py\n")
     r = cli("check", d)
-    assert r.returncode == 1 and "launch" in r.stdout and "8/9 passed; fix: launch" in r.stdout, r.stdout
+    assert r.returncode == 1 and "launch" in r.stdout and "8/10 passed; fix: launch, rehearsal" in r.stdout, r.stdout
+    assert "rehearsal          FAIL    not run: an earlier row failed" in r.stdout
     for args, msg in [(("check", tmp_path / "nowhere"), "no such directory"), (("check", tmp_path), "no train.py"),
                       (("export", "--config", "cpu-micro", "--nproc", "2", "--out", tmp_path / "x"), "--nproc 2: a submission launches 1, 4 or 8"),
                       (("export", "--config", "cpu-micro", "--lnc", "3", "--out", tmp_path / "x"), "--lnc 3"),
@@ -168,3 +173,21 @@ def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
     monkeypatch.setattr(S, "BUNDLED", tuple(m for m in S.BUNDLED if m != "loss"))
     with pytest.raises(S.ExportError, match=r"'chunked_cross_entropy' comes from neuronfrontier.loss, which a submission does not bundle"):
         S.bundle("cpu-micro")
+
+
+def test_probes_that_cannot_see_say_not_probed(sub, tmp_path):
+    """An untrained checkpoint starts its blocks as the identity (zero output projections): its logits ignore the context,
+    so no leak could show. The causal and batch rows say 'not probed' with the reason, never 'pass', and check fails."""
+    d, _ = sub
+    spec = importlib.util.spec_from_file_location("exported_train_untrained", d / "train.py")
+    mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
+    mcfg, _ = mod.resolve(mod.CONFIG, mod.RECIPE, mod.SETS)
+    torch.manual_seed(0)
+    ck = mod.save_model(tmp_path / "untrained.pt", mod.GPT(mcfg))
+    rows = {n: (ok, why) for n, ok, why in S.check(d, checkpoint=ck, rehearse_it=False)}
+    for n in ("causal", "batch independent"):
+        assert rows[n][0] is None and rows[n][1].startswith("not probed: the logits at a position do not move"), rows[n]
+    assert rows["finite"][0] is True
+    table = S.check_table(list((n, ok, why) for n, (ok, why) in rows.items()))
+    print(table)
+    assert "causal             n/a " in table and "fix: causal, batch independent" in table

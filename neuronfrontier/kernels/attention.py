@@ -298,6 +298,8 @@ class FlashAttentionSim(torch.autograd.Function):
 @ops.register("attention", "nki-sim")
 def attention_nki_sim(q, k, v, causal=True):
     "softmax(q kᵀ/√d_head + causal mask) v for q, k, v [B, H, T, d_head] by the NKI kernels in the CPU simulator."
+    dt = ops.kernel_dtype(q)   # autocast's dtype: a kernel is not autocast by itself
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
     check_args(q, k, v, causal, "nki-sim")
     return FlashAttentionSim.apply(q, k, v)
 
@@ -306,16 +308,16 @@ def _register_nki(tnx=None) -> bool:
     "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op = tnx.nki_op
+    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
     @nki_op("neuronfrontier::flash_attention_fwd", mutates_args={})
     def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return flash_fwd_kernel[logical_cores()](qT, kT, v)
+        return wrap_nki(flash_fwd_kernel)[logical_cores()](qT, kT, v)
 
     @nki_op("neuronfrontier::flash_attention_bwd", mutates_args={})
     def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
                             dsum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return flash_bwd_kernel[logical_cores()](qT, kT, v, do, lse, dsum)
+        return wrap_nki(flash_bwd_kernel)[logical_cores()](qT, kT, v, do, lse, dsum)
 
     def setup_context(ctx, inputs, output):
         qT, kT, v = inputs
@@ -334,6 +336,8 @@ def _register_nki(tnx=None) -> bool:
     @ops.register("attention", "nki")
     def attention_nki(q, k, v, causal=True):
         "Causal attention by the NKI kernels on a NeuronCore (torch_neuronx custom op with a registered backward)."
+        dt = ops.kernel_dtype(q)   # autocast's dtype: TorchNeuron does not autocast a custom operator
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
         check_args(q, k, v, causal, "nki")
         B, H, T, d = q.shape
         o, _ = flash_attention_fwd(_rows(q, True), _rows(k, True), _rows(v))

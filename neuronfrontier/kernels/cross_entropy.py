@@ -278,9 +278,14 @@ def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=No
     if N == 0: raise ValueError(f"{op}: no tokens (h {tuple(h.shape)})")
     return N, d, V, vs
 
+def _matmul_dtype(h):
+    "The kernels' one matmul dtype for hidden states `h`: autocast's while it is on (bf16), else h's own; fp32 for others."
+    dt = ops.kernel_dtype(h)
+    return dt if dt in (torch.float32, torch.bfloat16) else torch.float32
+
 def _prepare(h, w_head, targets):
-    "Cast to one matmul dtype, pad N to a multiple of 128 (targets -1)."
-    dt = h.dtype if h.dtype == w_head.dtype and h.dtype in (torch.float32, torch.bfloat16) else torch.float32
+    "Cast to one matmul dtype (`_matmul_dtype`), pad N to a multiple of 128 (targets -1)."
+    dt = _matmul_dtype(h)
     N, d = h.shape
     Np = -(-N // P) * P
     hp = torch.zeros(Np, d, dtype=dt, device=h.device); hp[:N] = h.detach()
@@ -344,17 +349,20 @@ def _register_nki(tnx=None) -> bool:
     the `nki` backend of `cross_entropy`; False when torch_neuronx is unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op = tnx.nki_op
+    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
     @nki_op("neuronfrontier::cross_entropy_nll", mutates_args={})
     def ce_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
                vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_fwd_kernel[logical_cores()](h, w, targets, vocab_size, softcap, block_tiles)
+        launch = wrap_nki(cross_entropy_fwd_kernel)[logical_cores()]
+        return launch(h, w.to(h.dtype), targets, vocab_size, softcap, block_tiles)
 
     @nki_op("neuronfrontier::cross_entropy_grad", mutates_args={})
     def ce_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
                 vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return cross_entropy_bwd_kernel[logical_cores()](h, w, targets, lse, g, vocab_size, softcap, block_tiles)
+        launch = wrap_nki(cross_entropy_bwd_kernel)[logical_cores()]
+        dh, dw = launch(h, w.to(h.dtype), targets, lse, g, vocab_size, softcap, block_tiles)
+        return dh, dw.sum(0)   # fp32: the logical cores' partial sums
 
     def setup_context(ctx, inputs, output):
         h, w, targets, vocab_size, softcap, block_tiles = inputs
@@ -365,19 +373,17 @@ def _register_nki(tnx=None) -> bool:
         h, w, targets, lse = ctx.saved_tensors
         g = (grad_loss.float() * (targets >= 0)).contiguous()
         dh, dw = ce_grad(h, w, targets, lse, g, *ctx.meta)
-        return dh, dw.sum(0), None, None, None, None
+        return dh, dw.to(w.dtype), None, None, None, None
 
     ce_nll.register_autograd(backward, setup_context=setup_context)
 
     @ops.register("cross_entropy", "nki")
     def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
         N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, "nki")
-        dt = h.dtype if h.dtype == w_head.dtype and h.dtype in (torch.float32, torch.bfloat16) else torch.float32
         Np = -(-N // P) * P
-        hp = torch.nn.functional.pad(h.to(dt), (0, 0, 0, Np - N))                       # differentiable padding
+        hp = torch.nn.functional.pad(h.to(_matmul_dtype(h)), (0, 0, 0, Np - N))          # differentiable padding
         tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
-        w = w_head.to(dt)
-        loss, _ = ce_nll(hp, w, tp, vs, float(softcap or 0.0),
+        loss, _ = ce_nll(hp, w_head, tp, vs, float(softcap or 0.0),
                          _block_tiles(N, d, hp.element_size(), backward=False, lnc=logical_cores()))
         return _reduce(loss[:N, 0], targets, reduction)
     return True

@@ -222,6 +222,7 @@ class MoEMLPSim(torch.autograd.Function):
 @ops.register("moe_mlp", "nki-sim")
 def moe_mlp_nki_sim(x, w_gate, w_up, w_down, block_expert):
     "The blockwise expert SwiGLU by the NKI kernels in the CPU simulator."
+    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a kernel is not autocast by itself
     check_args(x, w_gate, w_up, w_down, block_expert)
     return MoEMLPSim.apply(x, w_gate, w_up, w_down, block_expert)
 
@@ -230,31 +231,35 @@ def _register_nki(tnx=None) -> bool:
     "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op = tnx.nki_op
+    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
-    @nki_op("neuronfrontier::moe_mlp_fwd", mutates_args=())
+    @nki_op("neuronfrontier::moe_mlp_fwd", mutates_args={})
     def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, be: torch.Tensor) -> torch.Tensor:
-        return moe_fwd_kernel[logical_cores()](x, wg, wu, wd, be)
+        ws = [w.to(x.dtype) for w in (wg, wu, wd)]   # the weights as they are, cast here: nothing extra is saved
+        return wrap_nki(moe_fwd_kernel)[logical_cores()](x, *ws, be)
 
-    @nki_op("neuronfrontier::moe_mlp_bwd", mutates_args=())
+    @nki_op("neuronfrontier::moe_mlp_bwd", mutates_args={})
     def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, be: torch.Tensor,
              dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        return moe_bwd_kernel[logical_cores()](x, wg, wu, wd, be, dy)
+        ws = [w.to(x.dtype) for w in (wg, wu, wd)]
+        dx, dwg, dwu, dwd = wrap_nki(moe_bwd_kernel)[logical_cores()](x, *ws, be, dy)
+        return dx, dwg.sum(0), dwu.sum(0), dwd.sum(0)   # fp32: the logical cores' partial sums
 
     def _setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
 
     def _backward(ctx, gy):
         x, wg, wu, wd, be = ctx.saved_tensors
-        dx, dwg, dwu, dwd = _bwd(x, wg, wu, wd, be, gy.contiguous())
-        return dx, dwg.sum(0).to(wg.dtype), dwu.sum(0).to(wu.dtype), dwd.sum(0).to(wd.dtype), None
+        dx, dwg, dwu, dwd = _bwd(x, wg, wu, wd, be, gy.to(x.dtype).contiguous())
+        return dx, dwg.to(wg.dtype), dwu.to(wu.dtype), dwd.to(wd.dtype), None   # the weights' gradients in their dtype
 
     _fwd.register_autograd(_backward, setup_context=_setup)
 
     @ops.register("moe_mlp", "nki")
     def moe_mlp_nki(x, w_gate, w_up, w_down, block_expert):
+        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: TorchNeuron does not autocast a custom operator
         check_args(x, w_gate, w_up, w_down, block_expert, "nki")
-        return _fwd(x.contiguous(), *(w.to(x.dtype) for w in (w_gate, w_up, w_down)), block_expert.to(torch.int32))
+        return _fwd(x.contiguous(), w_gate, w_up, w_down, block_expert.to(torch.int32))
     return True
 
 NKI_REGISTERED = _register_nki()

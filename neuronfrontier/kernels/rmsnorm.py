@@ -167,15 +167,15 @@ def _register_nki(tnx=None) -> bool:
     "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op = tnx.nki_op
+    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
-    @nki_op("neuronfrontier::rms_norm_fwd", mutates_args=())
+    @nki_op("neuronfrontier::rms_norm_fwd", mutates_args={})
     def _fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return rmsnorm_fwd_kernel[logical_cores()](x, w, eps)
+        return wrap_nki(rmsnorm_fwd_kernel)[logical_cores()](x, w, eps)
 
-    @nki_op("neuronfrontier::rms_norm_bwd", mutates_args=())
+    @nki_op("neuronfrontier::rms_norm_bwd", mutates_args={})
     def _bwd(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rmsnorm_bwd_kernel[logical_cores()](x, w, rstd, g)
+        return wrap_nki(rmsnorm_bwd_kernel)[logical_cores()](x, w, rstd, g)
 
     def _setup(ctx, inputs, output):
         x, w, _ = inputs

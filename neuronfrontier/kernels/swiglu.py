@@ -11,7 +11,7 @@ from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel', 'check_args', 'fwd_block',
-           'bwd_chunk', 'swiglu_forward_sim', 'swiglu_backward_sim', 'SwiGLUSim', 'swiglu_nki_sim', 'swiglu_inputs',
+           'bwd_chunk', 'swiglu_forward', 'swiglu_backward', 'SwiGLUSim', 'swiglu_nki_sim', 'swiglu_inputs',
            'hbm_traffic']
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #769ce91f
@@ -191,21 +191,20 @@ def bwd_chunk(d: int, itemsize: int, lnc: int = 1) -> int:
     "Tokens per backward call on `lnc` logical cores: the most (128 per tile) whose resident x, xᵀ, dx fit RES_BUDGET on each core."
     return RES_BUDGET // (d * (2 * itemsize + 4)) * P * lnc
 
-def swiglu_forward_sim(x2, wg, wu):
-    "h = swiglu(x2, wg, wu) through the simulated forward kernel, in blocks of F columns if needed."
+def swiglu_forward(x2, wg, wu, launch):
+    "h = silu(x2 wgᵀ) ⊙ (x2 wuᵀ) by `launch` (swiglu_fwd_kernel launched on some cores), in blocks of F columns if SBUF requires."
     fb = fwd_block(x2.shape[1], wg.shape[0], x2.element_size())
-    hs = [simulate(swiglu_fwd_kernel[logical_cores()])(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous())
-          for f0 in range(0, wg.shape[0], fb)]
+    hs = [launch(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous()) for f0 in range(0, wg.shape[0], fb)]
     return hs[0] if len(hs) == 1 else torch.cat(hs, 1)
 
-def swiglu_backward_sim(x2, wg, wu, dh2):
-    "(dx, dw_gate, dw_up) through the simulated backward kernel, in chunks of tokens if needed (fp32 dW summed)."
-    lnc = logical_cores()
+def swiglu_backward(x2, wg, wu, dh2, launch, lnc):
+    "(dx, dw_gate, dw_up) by `launch` (swiglu_bwd_kernel on `lnc` cores), in chunks of tokens if SBUF requires; fp32 dW summed."
     nb = bwd_chunk(x2.shape[1], x2.element_size(), lnc)
     dxs, dwg, dwu = [], 0, 0
     for r0 in range(0, x2.shape[0], nb):
-        dx, g, u = simulate(swiglu_bwd_kernel[lnc])(x2[r0:r0 + nb], wg, wu, dh2[r0:r0 + nb].contiguous())
-        dxs.append(dx); dwg = dwg + g.sum(0); dwu = dwu + u.sum(0)
+        dx, g, u = launch(x2[r0:r0 + nb].contiguous(), wg, wu, dh2[r0:r0 + nb].contiguous())
+        dxs.append(dx)
+        dwg, dwu = dwg + g.sum(0), dwu + u.sum(0)   # per-core (and per-chunk) fp32 partial sums
     return (dxs[0] if len(dxs) == 1 else torch.cat(dxs)), dwg, dwu
 
 class SwiGLUSim(torch.autograd.Function):
@@ -217,19 +216,22 @@ class SwiGLUSim(torch.autograd.Function):
         wg, wu = (w.detach().to(x.dtype).contiguous() for w in (w_gate, w_up))
         ctx.save_for_backward(x2, wg, wu)
         ctx.meta = (x.shape, w_gate.dtype, w_up.dtype)
-        return swiglu_forward_sim(x2, wg, wu).reshape(*x.shape[:-1], F_)
+        h = swiglu_forward(x2, wg, wu, simulate(swiglu_fwd_kernel[logical_cores()]))
+        return h.reshape(*x.shape[:-1], F_)
 
     @staticmethod
     def backward(ctx, gh):
         x2, wg, wu = ctx.saved_tensors
         x_shape, dtg, dtu = ctx.meta
         dh2 = gh.reshape(-1, wg.shape[0]).to(x2.dtype).contiguous()
-        dx, dwg, dwu = swiglu_backward_sim(x2, wg, wu, dh2)
+        lnc = logical_cores()
+        dx, dwg, dwu = swiglu_backward(x2, wg, wu, dh2, simulate(swiglu_bwd_kernel[lnc]), lnc)
         return dx.reshape(x_shape), dwg.to(dtg), dwu.to(dtu)
 
 @ops.register("swiglu", "nki-sim")
 def swiglu_nki_sim(x, w_gate, w_up):
     "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ) by the NKI kernels in the CPU simulator."
+    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a kernel is not autocast by itself
     check_args(x, w_gate, w_up)
     return SwiGLUSim.apply(x, w_gate, w_up)
 
@@ -238,31 +240,36 @@ def _register_nki(tnx=None) -> bool:
     "Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when unavailable."
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op = tnx.nki_op
+    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
-    @nki_op("neuronfrontier::swiglu_fwd", mutates_args=())
+    @nki_op("neuronfrontier::swiglu_fwd", mutates_args={})
     def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-        return swiglu_fwd_kernel[logical_cores()](x, wg, wu)
+        wg, wu = wg.to(x.dtype), wu.to(x.dtype)      # the weights as they are, cast here: nothing extra is saved
+        return swiglu_forward(x, wg, wu, wrap_nki(swiglu_fwd_kernel)[logical_cores()])
 
-    @nki_op("neuronfrontier::swiglu_bwd", mutates_args=())
-    def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return swiglu_bwd_kernel[logical_cores()](x, wg, wu, dh)
+    @nki_op("neuronfrontier::swiglu_bwd", mutates_args={})
+    def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor,
+             dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lnc = logical_cores()
+        launch = wrap_nki(swiglu_bwd_kernel)[lnc]
+        return swiglu_backward(x, wg.to(x.dtype), wu.to(x.dtype), dh, launch, lnc)   # dW: fp32 sums
 
     def _setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs)
 
     def _backward(ctx, gh):
         x, wg, wu = ctx.saved_tensors
-        dx, dwg, dwu = _bwd(x, wg, wu, gh.contiguous())
-        return dx, dwg.sum(0).to(wg.dtype), dwu.sum(0).to(wu.dtype)
+        dx, dwg, dwu = _bwd(x, wg, wu, gh.to(x.dtype).contiguous())
+        return dx, dwg.to(wg.dtype), dwu.to(wu.dtype)   # the weights' gradients in the weights' dtype
 
     _fwd.register_autograd(_backward, setup_context=_setup)
 
     @ops.register("swiglu", "nki")
     def swiglu_nki(x, w_gate, w_up):
+        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: TorchNeuron does not autocast a custom operator
         check_args(x, w_gate, w_up, "nki")
         d = x.shape[-1]
-        h = _fwd(x.reshape(-1, d).contiguous(), w_gate.to(x.dtype), w_up.to(x.dtype))
+        h = _fwd(x.reshape(-1, d).contiguous(), w_gate, w_up)
         return h.reshape(*x.shape[:-1], w_gate.shape[0])
     return True
 

@@ -1,0 +1,129 @@
+"""`neuronfrontier rehearse`: a submission's own train.py and nf_kernels/ traced as trn2 would run them. It passes an
+export, and it catches each class of failure on a built fixture: a kernel assert at the production shape only, a trn2
+rule broken only at a large shape, a step that does not fit one rank's HBM, an op that escapes autocast — and the SwiGLU
+backward of the previous release, which handed all of a rank's tokens to one kernel call."""
+import json, shutil
+from pathlib import Path
+
+import pytest
+from conftest import cli
+from neuronfrontier import submission as S
+from neuronfrontier.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_OPS
+
+
+@pytest.fixture(scope="module")
+def micro(tmp_path_factory):
+    "cpu-micro in bf16 (autocast), exported without the memory plan: 2 × 512 tokens per rank."
+    return S.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", sets=["dtype=bf16"], fit=False)
+
+
+def _edited(src: Path, dst: Path, rel: str, old: str, new: str) -> Path:
+    "A copy of the submission with one edit in one shipped file (the edit must apply exactly once)."
+    shutil.copytree(src, dst)
+    f = dst / rel
+    text = f.read_text()
+    assert text.count(old) == 1, (rel, old)
+    f.write_text(text.replace(old, new))
+    return dst
+
+
+def _failed(rep):
+    return [c for c in rep["kernel_calls"] if not c["passed"]]
+
+
+def test_rehearsal_passes_the_export(micro):
+    rep = rehearse(micro, nproc=2, lnc=1)
+    print(rep["summary"])
+    assert rep["passed"] and not rep["failures"] and not rep["fallbacks"], rep["failures"]
+    assert rep["backends"] == {"rms_norm": "nki", "swiglu": "nki", "relu2": "torch", "attention": "nki",
+                               "cross_entropy": "nki", "moe_mlp": "torch"}
+    calls = rep["kernel_calls"]
+    kinds = {(c["op"], c["direction"]) for c in calls}
+    assert kinds == {(op, d) for op in ("rms_norm", "swiglu", "attention", "cross_entropy") for d in ("fwd", "bwd")}
+    # the production shapes of a rank (2 × 512 tokens), and bf16 on the TensorEngine for every op autocast lowers
+    assert any(c["kernel"] == "swiglu_fwd_kernel[1]" and c["args"][0] == {"shape": [1024, 128], "dtype": "bfloat16"} for c in calls)
+    assert all(set(c["matmul_dtypes"]) == {"bfloat16"} for c in calls if c["op"] in AUTOCAST_OPS)
+    m = rep["memory"]
+    assert m["limit_bytes"] == int(12 * 2**30 * (1 - HBM_MARGIN)) and all(m["fits"].values())
+    assert set(m["per_rank_bytes"]) == {"train step", "evaluation", "scorer forward"}
+    assert json.loads((micro / "rehearsal.json").read_text())["summary"] == rep["summary"]
+
+
+def test_a_kernel_assert_at_the_production_shape_only(micro, tmp_path):
+    "A precondition the kernel tests' 256 tokens keep and a rank's 1,024 tokens break: the rehearsal names it; swiglu falls back."
+    keep = "    KT = d // P\n    assert 2 * KT * F * _isz(x) <= W_BUDGET"   # the forward kernel's own precondition, then ours
+    d = _edited(micro, tmp_path / "assert", "nf_kernels/kernels/swiglu.py", keep,
+                "    KT = d // P\n    assert N <= 512, f'{N} tokens: this kernel keeps at most 512'\n"
+                "    assert 2 * KT * F * _isz(x) <= W_BUDGET")
+    rep = rehearse(d, nproc=2, lnc=1)
+    bad = _failed(rep)
+    assert not rep["passed"] and bad and {c["kernel"] for c in bad} == {"swiglu_fwd_kernel[1]"}
+    assert bad[0]["reason"] == "AssertionError: 1024 tokens: this kernel keeps at most 512"
+    assert rep["fallbacks"] == {"swiglu": bad[0]["reason"]} and rep["backends"]["swiglu"] == "torch"
+    assert rep["failures"][0].startswith("swiglu_fwd_kernel[1] (neuronfrontier::swiglu_fwd, fwd, bfloat16[1024, 128]")
+
+
+def test_a_trn2_rule_broken_only_at_a_large_shape(micro, tmp_path):
+    "An SBUF tile that grows with the rows: 64 KiB per partition at 256 rows, over the 192 KiB budget at a rank's 1,024."
+    fwd = "    rstd = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)\n    w_bc = _w_broadcast(w, d)\n"
+    d = _edited(micro, tmp_path / "sbuf", "nf_kernels/kernels/rmsnorm.py", fwd,
+                fwd + "    grows = nl.ndarray((P, N * 64), dtype=nl.float32, buffer=nl.sbuf)\n")
+    rep = rehearse(d, nproc=2, lnc=1)
+    bad = _failed(rep)
+    assert not rep["passed"] and bad[0]["kernel"] == "rmsnorm_fwd_kernel[1]", rep["failures"]
+    assert "NKIConstraintError: nl.ndarray: SBUF tensor" in bad[0]["reason"] and "exceeding the SBUF budget" in bad[0]["reason"]
+    assert rep["backends"]["rms_norm"] == "torch"
+
+
+def test_a_step_that_does_not_fit_one_ranks_hbm(micro, tmp_path):
+    "The same export against 32 MiB of HBM per rank fails on memory, by the CLI too (exit 1); the plan finds the batch that fits."
+    rep = rehearse(micro, nproc=2, lnc=1, out=tmp_path / "r.json", hbm_bytes=32 * 2**20)
+    assert not rep["passed"] and not _failed(rep), rep["failures"]
+    assert any(f.startswith("memory: the train step needs") and "lower batch_size and raise grad_accum" in f for f in rep["failures"])
+    r = cli("rehearse", micro, "--hbm-gib", "0.03125", "--out", tmp_path / "cli.json")
+    assert r.returncode == 1 and "rehearsal FAILED" in r.stdout and "OVER" in r.stdout, r.stdout + r.stderr
+    # the plan: with room for the 2-row step it keeps it; with just less, 1 row × 2 accumulation steps (same global batch)
+    full = plan_batch(micro, nproc=2, lnc=1)
+    assert (full["batch_size"], full["grad_accum"]) == (2, 1)
+    need = max(full["tried"][0]["peak_bytes"].values())   # the training step's peak, kernels or PyTorch ops
+    tight = plan_batch(micro, nproc=2, lnc=1, hbm_bytes=int((need - 1) / (1 - HBM_MARGIN)) + 1)
+    assert (tight["batch_size"], tight["grad_accum"]) == (1, 2), tight
+    assert max(tight["tried"][-1]["peak_bytes"].values()) < need
+
+
+def test_an_op_that_escapes_autocast(micro, tmp_path):
+    "Without the wrapper's cast, SwiGLU gets the fp32 RMSNorm output under bf16 autocast: fp32 matmuls, a failure."
+    d = _edited(micro, tmp_path / "fp32", "nf_kernels/kernels/swiglu.py",
+                "        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: TorchNeuron does not autocast a custom operator\n", "")
+    rep = rehearse(d, nproc=2, lnc=1)
+    bad = _failed(rep)
+    assert not rep["passed"] and {c["kernel"] for c in bad} == {"swiglu_fwd_kernel[1]", "swiglu_bwd_kernel[1]"}, rep["failures"]
+    assert all(c["matmul_dtypes"] == {"float32": 1.0} and "float32 matmuls under bf16 autocast" in c["reason"] for c in bad)
+
+
+def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
+    """The backward as the previous release launched it — every token of the rank in one call — at d_model 768 (dense-124m's
+    width) and 4,096 tokens a rank: its own SBUF precondition refuses it, which the rehearsal reports by name."""
+    d = S.export("cpu-tiny", tmp_path / "wide", sets=["d_model=768"], fit=False)
+    old = _edited(d, tmp_path / "old", "nf_kernels/kernels/swiglu.py",
+                  "        return swiglu_backward(x, wg.to(x.dtype), wu.to(x.dtype), dh, launch, lnc)   # dW: fp32 sums\n",
+                  "        dx, g, u = launch(x, wg.to(x.dtype), wu.to(x.dtype), dh)\n        return dx, g.sum(0), u.sum(0)\n")
+    assert rehearse(d, nproc=8, lnc=1)["passed"]   # the chunked backward of this release
+    rep = rehearse(old, nproc=8, lnc=1)
+    assert not rep["passed"]
+    assert rep["failures"][0] == ("swiglu_bwd_kernel[1] (neuronfrontier::swiglu_bwd, bwd, bfloat16[4096, 768], bfloat16[768, 768], "
+                                  "bfloat16[768, 768], bfloat16[4096, 768]): AssertionError: 32 token tiles at d=768: resident x, "
+                                  "xᵀ, dx exceed 98304 B/partition"), rep["failures"]
+
+
+@pytest.mark.slow
+def test_dense_124m_export_rehearses_at_production_shapes(tmp_path):
+    "The done-when: dense-124m exported for 8 ranks at LNC 1 (fitted) rehearses: every kernel call passes in bf16, memory fits."
+    r = cli("export", "--config", "dense-124m", "--out", tmp_path / "sub")
+    assert r.returncode == 0 and "memory per rank:" in r.stdout, r.stdout + r.stderr
+    r = cli("rehearse", tmp_path / "sub")
+    print(r.stdout)
+    assert r.returncode == 0 and "rehearsal passed" in r.stdout, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "sub" / "rehearsal.json").read_text())
+    assert rep["per_rank"]["batch_size"] * rep["per_rank"]["grad_accum"] == 16 and rep["per_rank"]["seq_len"] == 2048
+    assert all(set(c["matmul_dtypes"]) == {"bfloat16"} for c in rep["kernel_calls"] if c["op"] in AUTOCAST_OPS)
