@@ -896,6 +896,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                                       'neuronfrontier/torchneuron.py'),
                                             'neuronfrontier.torchneuron.TorchNeuronStandIn.serving': ( 'torchneuron.html#torchneuronstandin.serving',
                                                                                                        'neuronfrontier/torchneuron.py'),
+                                            'neuronfrontier.torchneuron.TorchNeuronStandIn.take_direct_launches': ( 'torchneuron.html#torchneuronstandin.take_direct_launches',
+                                                                                                                    'neuronfrontier/torchneuron.py'),
                                             'neuronfrontier.torchneuron.TorchNeuronStandIn.wrap_nki': ( 'torchneuron.html#torchneuronstandin.wrap_nki',
                                                                                                         'neuronfrontier/torchneuron.py'),
                                             'neuronfrontier.torchneuron._Launcher': ( 'torchneuron.html#_launcher',

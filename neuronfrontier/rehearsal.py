@@ -19,7 +19,7 @@ HBM_MARGIN = 0.15   # share of a rank's HBM left for the runtime, collectives an
 AUTOCAST_OPS = ("swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")   # ops whose matmuls autocast runs in bf16
 
 def hbm_per_rank(lnc: int) -> int:
-    "HBM bytes one process may address on trn2 at `NEURON_LOGICAL_NC_CONFIG=lnc` (1: a core, half a bank; 2: a pair, a bank)."
+    "HBM bytes one process addresses on trn2 at `NEURON_LOGICAL_NC_CONFIG=lnc` (1: half a bank; 2: a bank)."
     if lnc not in (1, 2): raise ValueError(f"lnc={lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
     return TRN2.hbm_bytes // TRN2.cores * lnc
 
@@ -79,7 +79,8 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
         mt = MemTracker()
         mt.track_external(model, *opts)
         try:
-            with mt, ns.autocast(dev, tcfg.eval_dtype), ns.use_backend("torch"):   # train.py's evaluation: its model, state
+            # train.py's own evaluation: the training model, its optimizer state kept, PyTorch's ops as the scorer's
+            with mt, ns.autocast(dev, tcfg.eval_dtype), ns.use_backend("torch"):
                 ns.evaluate_sums(model, [(x, y)], torch.ones(mcfg.padded_vocab))
             out["evaluation"] = _by_kind(mt.get_tracker_snapshot("peak"))
         except DataDependentOutputException: out["evaluation"] = None
@@ -95,7 +96,8 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
 
 # %% ../nbs/93_rehearsal.ipynb #dd5a100b
 def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
-    "Bytes live at the peak of the second of two real training steps on the CPU (profiler allocation events), as `traced_memory` counts them."
+    """Bytes live at the peak of the second of two real training steps on the CPU (the profiler's allocation events),
+    counted as `traced_memory` counts them."""
     from torch.profiler import profile, ProfilerActivity
     dev = torch.device("cpu")
     gen = torch.Generator().manual_seed(0)
@@ -111,7 +113,8 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         ns.train_step(model, opts, batches, tcfg, 0.5, dev, world=world)
     live = peak = 0
-    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"):
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]   # one per allocation or free
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):
         live += nbytes
         peak = max(peak, live)
     return sum(held.values()) + peak
@@ -125,6 +128,7 @@ def _import_submission(standin):
     import importlib, importlib.abc
     from neuronfrontier import sim
     sys.modules.update({**sim.EMU_MODULES, "torch_neuronx": standin.module})
+    standin.take_direct_launches()   # kernel[lnc](...) inside an operator body, as TorchNeuron also runs it
     class Refuse(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] == "neuronfrontier": raise ImportError("a submission may not import neuronfrontier")
@@ -164,7 +168,7 @@ def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple
 
 # %% ../nbs/93_rehearsal.ipynb #30b70486
 def autocast_escape(call, autocast_bf16: bool) -> str:
-    "Why `call` (a `KernelCall`) escaped bf16 autocast — its TensorEngine multiplied something else — or '' when it did not."
+    "Why `call` (a `KernelCall`) escaped bf16 autocast — its TensorEngine multiplied another dtype — or ''."
     if not autocast_bf16 or call.ops_op not in AUTOCAST_OPS: return ""
     other = sorted(k for k, f in call.matmul_flops.items() if f and k != "bfloat16")
     if not other: return ""
@@ -175,16 +179,17 @@ def autocast_escape(call, autocast_bf16: bool) -> str:
 def _call_record(c) -> dict:
     "A `KernelCall` as a row of rehearsal.json."
     total = sum(c.matmul_flops.values())
-    return {"phase": c.phase, "op": c.ops_op, "custom_op": c.op, "direction": c.direction, "kernel": f"{c.kernel}[{c.lnc}]",
-            "args": [{"shape": list(a[0]), "dtype": a[1].replace("torch.", "")} if isinstance(a, tuple) else a for a in c.args],
+    args = [{"shape": list(a[0]), "dtype": a[1].replace("torch.", "")} if isinstance(a, tuple) else a for a in c.args]
+    return {"phase": c.phase, "op": c.ops_op, "custom_op": c.op, "direction": c.direction,
+            "kernel": f"{c.kernel}[{c.lnc}]", "args": args,
             "matmul_dtypes": {k: round(f / total, 4) for k, f in c.matmul_flops.items()} if total else {},
             "sbuf_peak_bytes_per_partition": c.peak_sbuf_bytes, "psum_peak_bytes_per_partition": c.peak_psum_bytes,
             "instructions": c.engine_instructions, "max_program_instructions": c.max_program_instructions,
-            "simulated": c.repeat_of is None, "passed": c.ok, "reason": c.reason}
+            "simulated": c.repeat_of is None, "launched": c.via, "passed": c.ok, "reason": c.reason}
 
 # %% ../nbs/93_rehearsal.ipynb #547fe865
 def _rehearse_here(args: dict, log=print) -> dict:
-    "In the submission's directory, in a fresh interpreter: import it with the stand-ins, trace its step at the launch line's shapes."
+    "In the submission's directory, a fresh interpreter: import it with the stand-ins, trace its step at its shapes."
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     standin = TorchNeuronStandIn()
@@ -208,14 +213,13 @@ def _rehearse_here(args: dict, log=print) -> dict:
             "fallbacks": {c.ops_op: c.reason for c in failed},
             "kernel_calls": [_call_record(c) for c in standin.calls],
             "memory": {"per_rank_bytes": mem, "hbm_bytes": args["hbm"], "margin": args["margin"], "limit_bytes": limit,
-                       "fits": fits, "method": "MemTracker peak over two traced training steps on FakeTensors "
-                                                "(CPU operator semantics), then the evaluation and the scorer's forward"}}
+                       "fits": fits, "method": "MemTracker peak over two traced training steps on FakeTensors (CPU "
+                                                "operator semantics), then the evaluation and the scorer's forward"}}
 
 def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     """The largest per-rank micro-batch, with gradient accumulation keeping the global batch, whose training step fits
     `limit` both with the kernels and with every op on PyTorch (the fallback a kernel failing on the chip would need).
     The evaluation's memory does not depend on it; the rehearsal checks that."""
-    from neuronfrontier.torchneuron import KernelFailure  # noqa: F401  (failures are handled by _trace_step)
     mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, train.SETS)
     rows = tcfg.batch_size * tcfg.grad_accum
     tried = []
@@ -242,9 +246,10 @@ def _main(arg: str):
 
 # %% ../nbs/93_rehearsal.ipynb #fa2be666
 def _run_in(sub_dir, args: dict, timeout: float) -> dict:
-    "Run `_main` in a fresh interpreter in `sub_dir` with the launch line's LNC; its findings, or RuntimeError naming why not."
+    "Run `_main` in a fresh interpreter in `sub_dir` at the launch line's LNC: its findings, or a RuntimeError."
     d = Path(sub_dir)
-    if not (d / "train.py").is_file(): raise FileNotFoundError(f"{d}: no train.py; export one with `neuronfrontier export --out {d}`")
+    if not (d / "train.py").is_file():
+        raise FileNotFoundError(f"{d}: no train.py; export one with `neuronfrontier export --out {d}`")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "findings.json"
         code = "import sys\nfrom neuronfrontier.rehearsal import _main\n_main(sys.argv[1])"
@@ -257,9 +262,9 @@ def _run_in(sub_dir, args: dict, timeout: float) -> dict:
         return json.loads(out.read_text()) | {"log": r.stderr.strip().splitlines()[-20:]}
 
 def _failures(rep: dict) -> list[str]:
-    "One line per failed kernel signature, then one per phase whose memory does not fit."
+    "One line per failed kernel signature — those a kernel refused first, autocast escapes after — then memory."
     out, seen = [], set()
-    for c in rep["kernel_calls"]:
+    for c in sorted(rep["kernel_calls"], key=lambda c: "under bf16 autocast" in c["reason"]):
         key = (c["kernel"], c["direction"], json.dumps(c["args"]))
         if c["passed"] or key in seen: continue
         seen.add(key)
@@ -268,9 +273,11 @@ def _failures(rep: dict) -> list[str]:
     m = rep["memory"]
     for phase, ok in m["fits"].items():
         if ok is False:
-            out.append(f"memory: the {phase} needs {m['per_rank_bytes'][phase]['total'] / GiB:.2f} GiB per rank, over "
-                       f"{m['limit_bytes'] / GiB:.2f} GiB usable ({m['hbm_bytes'] / GiB:.0f} GiB at LNC={rep['launch']['lnc']}, "
-                       f"{m['margin']:.0%} margin); lower batch_size and raise grad_accum (neuronfrontier export fits it)")
+            need, lnc = m["per_rank_bytes"][phase]["total"], rep["launch"]["lnc"]
+            limit, hbm = m["limit_bytes"] / GiB, m["hbm_bytes"] / GiB
+            out.append(f"memory: the {phase} needs {need / GiB:.2f} GiB per rank, over {limit:.2f} GiB usable "
+                       f"({hbm:.0f} GiB at LNC={lnc}, {m['margin']:.0%} margin); lower batch_size and raise grad_accum "
+                       f"(neuronfrontier export fits it)")
     return out
 
 def rehearse(sub_dir, nproc: int = 8, lnc: int = 1, out=None, hbm_bytes: int | None = None, margin: float = HBM_MARGIN,
@@ -292,7 +299,8 @@ def summary(rep: dict) -> str:
     "One line: the launch shape, the kernel calls, the memory per rank — or the first failure and how many there are."
     pr, m = rep["per_rank"], rep["memory"]
     calls = rep["kernel_calls"]
-    shape = (f"{rep['launch']['nproc']} ranks × LNC {rep['launch']['lnc']}, {pr['batch_size']} × {pr['seq_len']} tokens "
+    launch = rep["launch"]
+    shape = (f"{launch['nproc']} ranks × LNC {launch['lnc']}, {pr['batch_size']} × {pr['seq_len']} tokens "
              f"× {pr['grad_accum']} a rank, {rep['dtype']}")
     if rep["failures"]:
         more = f" (and {len(rep['failures']) - 1} more)" if len(rep["failures"]) > 1 else ""

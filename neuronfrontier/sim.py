@@ -1591,6 +1591,7 @@ class Kernel:
         return Kernel(self.fn, int(lnc))
     def __call__(self, *args, **kwargs):
         if _STATE[0] is not None and _STATE[0].active: return self.fn(*args, **kwargs)  # a kernel calling a kernel
+        if LAUNCH_HOOK[0] is not None: return LAUNCH_HOOK[0](self, args, kwargs)       # a framework's launch (see below)
         return _run(self, args, kwargs)
     def __repr__(self): return f'<nki.jit kernel {self.fn.__name__}{[self.lnc] if self.lnc else ""}>'
 
@@ -1602,6 +1603,10 @@ class SpecializationConfig(NKIObject):
 
 class AddressRotation(NKIObject):
     "`nki.compiler.AddressRotation` (NKI 0.7): a `CompileConfig` field."
+
+LAUNCH_HOOK = [None]
+"""A framework that calls kernels (TorchNeuron's stand-in, notebook 17) may take over `kernel[lnc](*args)` called
+outside a kernel: `LAUNCH_HOOK[0] = fn(kernel, args, kwargs)`. `simulate` and `dry_run` never go through it."""
 
 def jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs):
     """`nki.jit`: mark a kernel; calling it (or `simulate(kernel)`) runs the simulator. `compile_config` and

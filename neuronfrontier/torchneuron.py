@@ -17,10 +17,10 @@ __all__ = ['KernelCall', 'KernelFailure', 'compiler_lnc', 'TorchNeuronStandIn']
 # %% ../nbs/17_torchneuron.ipynb #f76aebfa
 @dataclass
 class KernelCall:
-    "One launch of a kernel through `wrap_nki(kernel)[lnc]`: where it came from, what it was given, what the simulator found."
+    "One launch of a kernel (`wrap_nki(kernel)[lnc]`): where it came from, what it was given, what the simulator found."
     op: str                # the custom operator whose body launched it ('neuronfrontier::swiglu_bwd'), '' outside one
     direction: str         # 'fwd', or 'bwd' inside a registered backward
-    ops_op: str            # the `ops` operation it serves ('swiglu'), when the caller says (`TorchNeuronStandIn.serving`)
+    ops_op: str            # the `ops` operation it serves ('swiglu'), when known (`TorchNeuronStandIn.serving`)
     phase: str             # what the caller was doing (`TorchNeuronStandIn.phase`: 'train step', 'evaluation', ...)
     kernel: str            # the @nki.jit function's name
     lnc: int               # logical cores: the launch bracket
@@ -32,15 +32,16 @@ class KernelCall:
     peak_sbuf_bytes: int = 0                           # per partition
     peak_psum_bytes: int = 0
     engine_instructions: dict = field(default_factory=dict)
-    max_program_instructions: int = 0                  # of one logical core's program (the compiler's limit applies to it)
-    repeat_of: int | None = None                       # index of an earlier call with the same signature (simulated once)
+    max_program_instructions: int = 0    # of one logical core's program (the compiler's limit applies to it)
+    repeat_of: int | None = None         # index of an earlier call with the same signature (simulated once)
+    via: str = "wrap_nki"                # how it was launched: wrap_nki(kernel)[lnc], or kernel[lnc] directly
 
     def brief(self) -> str:
         shapes = ', '.join(f"{a[1].replace('torch.', '')}{list(a[0])}" for a in self.args if isinstance(a, tuple))
         return f"{self.kernel}[{self.lnc}] ({self.op or 'no op'}, {self.direction}; {shapes})"
 
 class KernelFailure(RuntimeError):
-    "A kernel launch failed in the simulator (an assert of the kernel, a trn2 rule, the instruction limit); `.call` says which."
+    "A kernel launch failed in the simulator (the kernel's assert, a trn2 rule, the instruction limit): `.call`."
     def __init__(self, call: KernelCall):
         super().__init__(f"{call.brief()}: {call.reason}")
         self.call = call
@@ -60,7 +61,8 @@ def _spec(out):
     return (tuple(out.shape), out.dtype)
 
 def _zeros(spec, device):
-    if isinstance(spec[0], tuple) and not isinstance(spec[1], torch.dtype): return tuple(_zeros(s, device) for s in spec)
+    if isinstance(spec[0], tuple) and not isinstance(spec[1], torch.dtype):   # a tuple of outputs
+        return tuple(_zeros(s, device) for s in spec)
     return torch.zeros(spec[0], dtype=spec[1], device=device)
 
 def _failure_reason(e: BaseException) -> str:
@@ -74,14 +76,15 @@ def compiler_lnc() -> int:
     return int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip() or 2)
 
 class TorchNeuronStandIn:
-    "`torch_neuronx.nki_op` and `wrap_nki` on a CPU: custom operators whose kernel launches run in the simulator, recorded in `calls`."
+    "`torch_neuronx.nki_op` and `wrap_nki` on a CPU: custom operators whose kernels run in the simulator (`calls`)."
     _ids = itertools.count()
 
     def __init__(self, shape_only: bool = False):
         self.shape_only, self.calls = shape_only, []
         self.ns = f"nf_standin{next(self._ids)}"
         self._op, self._direction, self._memo = "", "fwd", {}
-        self.phase, self._serving, self.op_of = "", "", {}   # op_of: custom operator name -> the ops operation it serves
+        self.phase, self._serving = "", ""
+        self.op_of = {}   # custom operator name -> the ops operation it serves
         self.module = types.ModuleType("torch_neuronx", "TorchNeuron stand-in (neuronfrontier.torchneuron)")
         self.module.nki_op, self.module.wrap_nki, self.module.standin = self.nki_op, self.wrap_nki, self
 
@@ -99,7 +102,7 @@ class TorchNeuronStandIn:
         return self._inside(serving=ops_op)
 
     def nki_op(self, name: str, fn=None, mutates_args={}):
-        "`@nki_op('ns::name', mutates_args={})`: the function becomes a custom operator; its body is also its fake implementation."
+        "`@nki_op('ns::name', mutates_args={})`: a custom operator of the function, whose body is also its fake."
         def deco(fn):
             @functools.wraps(fn)
             def body(*args, **kw):
@@ -115,6 +118,21 @@ class TorchNeuronStandIn:
 
     def failures(self) -> list[KernelCall]:
         return [c for c in self.calls if not c.ok]
+
+    def take_direct_launches(self):
+        """Make `kernel[lnc](*args)` called directly (not through `wrap_nki`) launch through this stand-in too —
+        TorchNeuron accepts such calls inside an operator's body — with the LNC check of a graph-compiled kernel:
+        `kernel(...)` without a bracket has NKI's default degree, `NEURON_LOGICAL_NC_CONFIG` or else 1."""
+        def direct(kernel, args, kwargs):
+            if kwargs: raise TypeError(f"{kernel.__name__}: launch it with positional arguments, as TorchNeuron does")
+            env = os.environ.get("NEURON_LOGICAL_NC_CONFIG", "").strip()
+            lnc = kernel.lnc or int(env or 1)
+            if lnc != compiler_lnc():
+                graph = compiler_lnc()
+                raise ValueError(f"NCC_EVRF066: NKI kernel '{kernel.__name__}' is configured with LNC={lnc}, but "
+                                 f"neuronx-cc is using LNC={graph}; launch it as wrap_nki(kernel)[{graph}]")
+            return self._launch(kernel, lnc, *args, via="direct")
+        sim.LAUNCH_HOOK[0] = direct
 
 class _Op:
     "What `nki_op` returns: call it like the operator; `register_autograd` marks the launches of its backward as 'bwd'."
@@ -134,23 +152,25 @@ class _Launcher:
     def __getitem__(self, lnc):
         if isinstance(lnc, tuple) and len(lnc) == 1: lnc = lnc[0]   # [2] and [(2,)] alike, as TorchNeuron takes both
         if isinstance(lnc, bool) or not isinstance(lnc, int) or not 1 <= lnc <= MAX_LNC:
-            raise ValueError(f"wrap_nki({self.kernel.__name__})[{lnc!r}]: the bracket is the logical-core count, 1 or {MAX_LNC}")
+            raise ValueError(f"wrap_nki({self.kernel.__name__})[{lnc!r}]: the bracket is the logical-core count, "
+                             f"1 or {MAX_LNC}")
         graph = compiler_lnc()
         if lnc != graph:   # NKI 0.7+: a kernel compiled into a model's graph runs at the graph's LNC degree
-            raise ValueError(f"NCC_EVRF066: NKI kernel '{self.kernel.__name__}' is configured with LNC={lnc}, but neuronx-cc "
-                             f"is using LNC={graph} (NEURON_LOGICAL_NC_CONFIG, default 2 on trn2); launch it as [{graph}]")
+            raise ValueError(f"NCC_EVRF066: NKI kernel '{self.kernel.__name__}' is configured with LNC={lnc}, but "
+                             f"neuronx-cc is using LNC={graph} (NEURON_LOGICAL_NC_CONFIG, default 2 on trn2); "
+                             f"launch it as [{graph}]")
         return functools.partial(self.standin._launch, self.kernel, lnc)
     def __call__(self, *args): return self[1](*args)
 
-def _launch(self, kernel, lnc, *args):
+def _launch(self, kernel, lnc, *args, via="wrap_nki"):
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     dry = self.shape_only or any(_valueless(t) for t in tensors)
     call = KernelCall(self._op, self._direction, self._serving, self.phase, kernel.__name__, lnc,
-                      [_describe(a) for a in args], "shape-only" if dry else "numeric")
+                      [_describe(a) for a in args], "shape-only" if dry else "numeric", via=via)
     key = (kernel.fn, lnc, tuple(call.args)) if dry else None
     if key in self._memo:   # the same signature again: the first launch's findings, fresh zeros
         first, spec = self._memo[key]
-        now = {k: getattr(call, k) for k in ("op", "direction", "ops_op", "phase")}
+        now = {k: getattr(call, k) for k in ("op", "direction", "ops_op", "phase", "via")}
         call = KernelCall(**{**self.calls[first].__dict__, **now, "repeat_of": first})
         self.calls.append(call)
         if not call.ok: raise KernelFailure(call)
@@ -158,7 +178,7 @@ def _launch(self, kernel, lnc, *args):
     sim._LAST[0], out = None, None
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", InstructionLimitWarning)   # above the compiler's limit: a failure, not a warning
+            warnings.simplefilter("error", InstructionLimitWarning)   # over the compiler's limit: a failure
             # a name NKI 0.8 deprecated (nisa.sendrecv, the register_* family) goes in a later release: a failure too
             warnings.filterwarnings("error", message=r".* is deprecated since NKI", category=DeprecationWarning)
             out = (shape_only if dry else simulate)(kernel[lnc])(*args)
