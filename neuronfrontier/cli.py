@@ -122,7 +122,7 @@ def _print_result(r: dict):
         print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")
     print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
 
-_EXIT = {"completed": 0, "diverged": 1, "interrupted": 130}
+_EXIT = {"completed": 0, "diverged": 1, "crashed": 1, "interrupted": 130}
 LONG_RUN_S = 1800  # a `train` budget from which periodic checkpoints are on by default (--ckpt-every 600)
 
 def ckpt_every(a) -> float | None:
@@ -185,7 +185,8 @@ def _train(a) -> int:
               startup_allowance_s=a.startup_allowance, ckpt_every_s=a.ckpt_every, started_ns=process_start_ns(), bar=tqdm)
     if env_world()[0] != 0: return _EXIT[r["status"]]  # under torchrun rank 0 alone prints
     _print_result(r)
-    if r["status"] == "diverged": print("val_bpb=nan (diverged)"); return 1
+    if r["val_bpb"] is None: print(f"val_bpb=nan ({r['status']}: nothing saved)"); return _EXIT[r["status"]]
+    if r["status"] in ("diverged", "crashed"): print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
     print(f"val_bpb={r['val_bpb']:.4f}")
     return _EXIT[r["status"]]
 

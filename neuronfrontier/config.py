@@ -180,10 +180,21 @@ class TrainConfig:
     log_every: int = 10
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
     ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
+    # robustness (notebook 30_train): a run that never loses its checkpoint
+    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': every rank
+                                  # packs the whole global batch and keeps its rows (the rows of one process: for tests)
+    preflight: bool = True        # check each NKI op on the device before training; a failing, wrong or slower one: torch
+    preflight_frac: float = 0.05  # share of the budget the preflight may take (at least 30 s)
+    compile_frac: float = 0.25    # share of the budget compilation may take (compile=true); past it: eager
+    snapshot_every: int = 50      # steps between host copies of the last finite weights and optimizer state (0: none)
+    max_rollbacks: int = 3        # rollbacks to the last finite state before the run stops with it
+    rollback_lr_factor: float = 0.5  # learning rate multiplied by this at each rollback
+    explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 _DTYPES, _NS_COEFFS = ("fp32", "bf16"), ("quintic", "polar_express")
+_SHARDINGS = ("rank", "global")
 
 def validate_train(t: TrainConfig) -> TrainConfig:
     "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."
@@ -202,6 +213,14 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
     if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
+    if t.data_sharding not in _SHARDINGS:
+        raise ValueError(f"data_sharding={t.data_sharding!r} is unknown; use one of {', '.join(_SHARDINGS)}")
+    for k in ("preflight_frac", "compile_frac"):
+        if not 0 < getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in (0, 1]")
+    if t.snapshot_every < 0: raise ValueError(f"snapshot_every={t.snapshot_every} must be >= 0 (0: no snapshots)")
+    if t.max_rollbacks < 0: raise ValueError(f"max_rollbacks={t.max_rollbacks} must be >= 0")
+    if not 0 < t.rollback_lr_factor <= 1: raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
+    if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666

@@ -233,9 +233,11 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
 
-def apply_schedule(opts, recipe, frac: float) -> tuple[float, float]:
-    "Set every group's lr (initial_lr × `lr_multiplier`), weight decay (× `weight_decay_multiplier`) and every Muon group's momentum for budget fraction `frac`; return (lr multiplier, momentum)."
-    mult, wdm = lr_multiplier(frac, recipe), weight_decay_multiplier(frac, recipe)
+def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0) -> tuple[float, float]:
+    """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`) and
+    every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`: what
+    rollbacks have lowered the learning rate to (1 without)."""
+    mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)
     mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
     for o in opts:
         for g in o.param_groups:

@@ -57,7 +57,8 @@ def submission_main(argv=None) -> int:
         print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr); return 2
     if env_world()[0] != 0: return 0 if r["status"] == "completed" else 1  # rank 0 alone prints
     for k in ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "eval_s", "overrun_s"): print(f"{k:>10s}: {r[k]}")
-    if r["status"] == "diverged": print("val_bpb=nan (diverged)"); return 1
+    if r["val_bpb"] is None: print(f"val_bpb=nan ({r['status']}: nothing saved)"); return 1
+    if r["status"] in ("diverged", "crashed"): print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
     print(f"checkpoint: {r['checkpoint']}\nval_bpb={r['val_bpb']:.4f}")
     return 0 if r["status"] == "completed" else 1
 
@@ -66,7 +67,7 @@ class ExportError(ValueError): "The package's source cannot be bundled into a se
 
 PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ... are not
-BUNDLED = ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "train", "evaluate", "submission")
+BUNDLED = ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "resilience", "train", "evaluate", "submission")
 ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:

@@ -16,14 +16,16 @@ from .moe import (expert_parallel, expert_groups, expert_shards, ep_sync_grads, 
                                  ep_consolidated, ep_shard_optimizer_states)
 from .optim import build_optimizers, lr_multiplier, apply_schedule
 from .evaluate import evaluate_sums, bpb
+from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line, HostSnapshot,
+                                       time_limit, save_reserve_s)
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['BUDGET_MODES', 'UNIFORM_STRIKES', 'neuron_available', 'pick_device', 'logical_nc_config', 'hw_name', 'synchronize',
-           'reuse_freed_memory', 'load_checkpoint', 'load_resume', 'save_model', 'save_resume', 'load_for_eval',
-           'autocast', 'average_gradients', 'train_step', 'Watchdog', 'process_start_ns', 'Clock', 'dist_backend',
-           'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'Prefetcher', 'Run', 'setup', 'warm_up',
-           'save_checkpoints', 'loop', 'finish', 'train']
+__all__ = ['BUDGET_MODES', 'UNIFORM_STRIKES', 'SYNC_AHEAD', 'neuron_available', 'pick_device', 'logical_nc_config', 'hw_name',
+           'synchronize', 'reuse_freed_memory', 'load_checkpoint', 'load_resume', 'save_model', 'save_resume',
+           'load_for_eval', 'autocast', 'average_gradients', 'train_step', 'Watchdog', 'process_start_ns', 'Clock',
+           'dist_backend', 'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'Prefetcher', 'rank_loader',
+           'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish', 'run_preflight', 'train']
 
 # %% ../nbs/30_train.ipynb #1499ee2a
 def neuron_available() -> bool:
@@ -136,16 +138,20 @@ def average_gradients(params, world: int):
         dist.all_reduce(flat); flat.div_(world)
         for g, v in zip(gs, flat.split([g.numel() for g in gs])): g.copy_(v.view_as(g))
 
-def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None, world: int = 1) -> torch.Tensor:
-    "One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`, gradients averaged over `world` ranks; returns this rank's mean loss (a device tensor)."
+def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None, world: int = 1,
+               lr_scale: float = 1.0, poison: bool = False) -> torch.Tensor:
+    """One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`, gradients averaged
+    over `world` ranks; returns this rank's mean loss (a device tensor). `lr_scale`: what rollbacks have lowered the
+    learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`)."""
     loss_fn = loss_fn or model.loss
-    apply_schedule(opts, tcfg, frac)
+    apply_schedule(opts, tcfg, frac, lr_scale)
     total = torch.zeros((), device=device)
     for _ in range(tcfg.grad_accum):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, tcfg.dtype):
             loss = loss_fn(x, y) / tcfg.grad_accum
+        if poison: loss = loss * float("nan")   # a fault on purpose: NaN gradients, then NaN weights
         loss.backward()
         total += loss.detach()
     sharded = bool(expert_shards(model))  # expert parallelism: expert gradients averaged over their replicas only
@@ -190,17 +196,26 @@ class Clock:
         if startup_allowance_s < 0: raise ValueError(f"--startup-allowance {startup_allowance_s:g}: must be >= 0 seconds")
         self.device, self.mode, self.allowance_ns = device, mode, int(startup_allowance_s * 1e9)
         self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
-        self.startup_ns = self.charged_ns = self._offset_ns = 0
+        self.startup_ns = self.charged_ns = self._offset_ns = self.train_start_ns = self.syncs = 0
     def now_ns(self) -> int: return time.perf_counter_ns()
-    def start(self, resumed_ns: int = 0):
-        "Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup beyond the allowance."
+    def start(self, resumed_ns: int = 0, train_start_ns: int | None = None):
+        """Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup beyond
+        the allowance. `train_start_ns`: where the schedule's fraction counts from (default: here; a resumed run's own)."""
         now = self.now_ns()
         self.startup_ns = now - self.t0_ns
         self.charged_ns = resumed_ns + (max(0, self.startup_ns - self.allowance_ns) if self.mode == "wall" else 0)
         self._offset_ns = self.charged_ns - now  # wall mode: charged = offset + now
-    def step_done(self, started_ns: int) -> int:
-        "Wait for the device, charge the step that began at `started_ns` (`wall`: everything up to now); returns its duration."
-        synchronize(self.device)
+        self.train_start_ns = self.charged_ns if train_start_ns is None else train_start_ns
+    def fraction(self, budget_ns: int, reserve_ns: int = 0, ahead_ns: int = 0) -> float:
+        """The schedule's position `ahead_ns` past now: the share of the training time — from the first training step to
+        the budget less `reserve_ns` (the final save's) — spent by then. Start-up never eats the warm-up."""
+        return (self.charged_ns - self.train_start_ns + ahead_ns) / max(budget_ns - reserve_ns - self.train_start_ns, 1)
+    def step_done(self, started_ns: int, sync: bool = True) -> int:
+        """Charge the step that began at `started_ns` (`wall`: everything up to now) and return its duration; with `sync`
+        after waiting for the device (finished work), without it as the host sees it (the device may still be busy)."""
+        if sync:
+            synchronize(self.device)
+            self.syncs += 1
         now = self.now_ns()
         self.charged_ns = self._offset_ns + now if self.mode == "wall" else self.charged_ns + now - started_ns
         return now - started_ns
@@ -330,6 +345,16 @@ def _truncate_metrics(path: Path, step: int):
         if rec["step"] <= step: keep.append(line + "\n")
     path.write_text("".join(keep))
 
+def rank_loader(paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
+    """(loader, this rank's batches). `data_sharding='rank'`: the rank reads every world-th document and packs its own
+    `batch_size` rows — the same distribution and global batch, a world-th of the host work. `'global'`: every rank packs
+    the whole global batch and keeps its rows — what one process would train on, row for row (for equality tests)."""
+    if tcfg.data_sharding == "rank":
+        loader = PackedLoader(paths, enc, tcfg.batch_size, seq_len, rank=rank, world_size=world, seed=seed)
+        return loader, loader
+    loader = PackedLoader(paths, enc, tcfg.batch_size * world, seq_len, seed=seed)
+    return loader, rank_rows(loader, rank, world)
+
 class Run:
     "Everything one training process holds: configs, device and rank, data, model, optimisers, loader, and the checkpointed `state`."
     def __init__(self, **kw): self.__dict__.update(kw)
@@ -339,6 +364,7 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     "Resolve and check everything `train` needs; build the model, optimisers and loader; restore `resume.pt` when resuming."
     if steps is None and (budget_s is None or budget_s <= 0): raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
     if steps is not None and steps <= 0: raise ValueError(f"--steps {steps}: must be > 0")
+    faults = parse_faults(os.environ.get("NF_FAULT"))   # faults on purpose (tests); a bad NF_FAULT fails here, in one line
     mcfg, tcfg = resolve(config, recipe, sets)
     train_paths, val_path = find_shards(data_dir)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(data_dir) / "tokenizer"  # the kit keeps it apart
@@ -353,6 +379,7 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     lead = rank == 0  # rank 0 alone writes and prints
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)
+    install_kernel_faults(faults)   # NF_FAULT=kernel-error:OP / kernel-mismatch:OP: a failing nki implementation of OP
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(seed)
     model = GPT(mcfg).to(dev)
@@ -361,7 +388,7 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
         if not mcfg.n_experts: raise ValueError(f"--ep {tcfg.ep}: {config} is dense (n_experts=0); use an MoE config, e.g. cpu-tiny-moe")
         expert_parallel(model, *expert_groups(world, tcfg.ep))
     opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)  # Muon on each rank's own experts
-    loader = PackedLoader(train_paths, enc, tcfg.batch_size * world, mcfg.seq_len, seed=seed)  # the global batch
+    loader, rows = rank_loader(train_paths, enc, tcfg, mcfg.seq_len, rank, world, seed)
     state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
     if ck is not None:
         for o, s in zip(opts, ep_shard_optimizer_states(model, opts, ck["optimizers"])): o.load_state_dict(s)  # unchanged without --ep
@@ -375,24 +402,45 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
                say=print if verbose and lead else (lambda *a, **k: None), verbose=verbose and lead,
                train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes, out=out,
                ck_path=ck_path, rs_path=rs_path, model=model, opts=opts, loader=loader,
-               batches=Prefetcher(rank_rows(loader, rank, world), tcfg.prefetch),  # packed ahead, off the step
+               batches=Prefetcher(rows, tcfg.prefetch),  # packed ahead, off the step
                state=state, loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
                tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
-               fpt=mcfg.flops_per_token(), hwn=hw_name(dev))
+               fpt=mcfg.flops_per_token(), hwn=hw_name(dev),
+               faults=faults, kernels={}, compile_info=None, snapshot=HostSnapshot(), rollbacks=[], lr_scale=1.0,
+               reserve_ns=0, save_s=None)
 
 # %% ../nbs/30_train.ipynb #d8805852
-def warm_up(run: Run) -> list[int]:
-    "Run the warm-up steps and restore the initial weights and optimiser states; returns each warm-up step's nanoseconds."
+def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
+    """Run the warm-up steps and restore the initial weights and optimiser states; returns each warm-up step's
+    nanoseconds. With `compile=true` the compiling steps run under `compile_limit_s`: a compilation that fails or runs
+    past it leaves the run eager (`run.compile_info` says which and why)."""
     model, opts, tcfg = run.model, run.opts, run.tcfg
-    snap = ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy([o.state_dict() for o in opts]))
-    probe = rank_rows(PackedLoader(run.train_paths, run.enc, tcfg.batch_size * run.world, run.mcfg.seq_len, seed=run.seed + 10_000),
-                      run.rank, run.world)
+    snap = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizers": copy.deepcopy([o.state_dict() for o in opts])}
+    probe = rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, run.seed + 10_000)[1]
+    step = lambda: train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.world).item()
     warm_ns = []
-    for _ in range(2 if tcfg.compile else 1):
+    if tcfg.compile:
         t0 = time.perf_counter_ns()
-        train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.world).item()
+        try:
+            with time_limit(compile_limit_s, "compilation"):
+                for _ in range(2):   # the first step compiles, the second measures a compiled step
+                    ts = time.perf_counter_ns()
+                    step()
+                    warm_ns.append(time.perf_counter_ns() - ts)
+            run.compile_info = {"used": True, "seconds": round((time.perf_counter_ns() - t0) / 1e9, 3), "reason": "compiled"}
+        except Exception as e:   # a failed compilation, or one past its deadline: eager, from the initial state
+            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+            run.compile_info = {"used": False, "seconds": round((time.perf_counter_ns() - t0) / 1e9, 3), "reason": why}
+            run.loss_fn, warm_ns = model.loss, [time.perf_counter_ns() - t0]
+            for o in opts: o.zero_grad(set_to_none=True)
+            _restore(model, opts, copy.deepcopy(snap))
+            run.say(f"compilation abandoned after {run.compile_info['seconds']:.1f} s ({why}): the run is eager")
+    if not tcfg.compile or not run.compile_info["used"]:
+        t0 = time.perf_counter_ns()
+        step()
         warm_ns.append(time.perf_counter_ns() - t0)
-    _restore(model, opts, {"model": snap[0], "optimizers": snap[1]})
+    _restore(model, opts, snap)
     return warm_ns
 
 # %% ../nbs/30_train.ipynb #c4ef4be3
@@ -405,68 +453,115 @@ def _stop_signals():
         except ValueError: pass  # not the main thread
     return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
 
-def save_checkpoints(run: Run):
-    """Rank 0 writes `model.pt` and `resume.pt` (each atomically); the other ranks wait for it. The time goes to `state['ckpt_ns']`.
+def save_checkpoints(run: Run, model_only: bool = False):
+    """Rank 0 writes `model.pt` and (unless `model_only`) `resume.pt`, each atomically; the other ranks wait for it. The
+    time goes to `state['ckpt_ns']`; the write of model.pt is timed (`run.save_s`), for the time a final save needs.
     With sharded experts both hold what one process would: every rank first takes part in gathering them (`ep_consolidated`)."""
     t0, state = time.perf_counter_ns(), run.state
     state["ckpts"] = state.get("ckpts", 0) + 1
     sd, opt_states = ep_consolidated(run.model, run.opts)  # with sharded experts a collective; else the model's and optimizers' own
     if run.lead:
         state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
+        ts = time.perf_counter()
+        if run.faults.slow_save_s: time.sleep(run.faults.slow_save_s)   # NF_FAULT=slow-save:S, a slow disk
         save_model(run.ck_path, run.model, run.tcfg, sd)
-        save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, sd, opt_states)
+        run.save_s = time.perf_counter() - ts
+        if not model_only: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, sd, opt_states)
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
+SYNC_AHEAD = 3   # within this many predicted steps of the end (plus the steps still queued), every step waits for the device
+
+def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_warmup: bool) -> str:
+    "Why the last logged step calls for a rollback ('' when it does not)."
+    tcfg, uniform = run.tcfg, math.log(run.enc.n_vocab)
+    if bad: return f"a non-finite loss by step {run.state['step']} (loss {loss})"
+    if after_warmup and loss > tcfg.explode_factor * best:
+        return f"loss {loss:.4f} > {tcfg.explode_factor:g} × the best {best:.4f} at step {run.state['step']}"
+    if strikes >= UNIFORM_STRIKES:
+        return f"loss {loss:.4f} >= ln V = {uniform:.4f} (uniform prediction) at {strikes} log steps after warm-up"
+    return ""
+
+def _roll_back(run: Run, problem: str) -> bool:
+    "Put back the last finite state, lower the learning rate; False when no rollback is left (or there is no state)."
+    tcfg = run.tcfg
+    if run.snapshot.step is None or len(run.rollbacks) >= tcfg.max_rollbacks: return False
+    run.snapshot.restore(run.model, run.opts)
+    run.lr_scale *= tcfg.rollback_lr_factor
+    run.nonfinite.zero_()
+    run.rollbacks.append({"step": run.state["step"], "to_step": run.snapshot.step, "why": problem, "lr_scale": run.lr_scale})
+    run.say(f"rollback {len(run.rollbacks)}/{tcfg.max_rollbacks}: {problem}; back to the state of step "
+            f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
+    return True
+
 def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: float | None = None, bar=None) -> tuple[str, str, float]:
-    "Train until the steps are done, the budget is spent, a stop is asked for or the loss diverges; returns (status, why, last loss)."
+    "Train until the steps are done, the budget is spent, a stop is asked for or no rollback is left; returns (status, why, last loss)."
     tcfg, state, steps, dev, world = run.tcfg, run.state, run.steps, run.dev, run.world
-    status, last_loss, why, strikes = "completed", float("nan"), "", 0
+    status, last_loss, why, strikes, best = "completed", float("nan"), "", 0, math.inf
     run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # device-side: any non-finite loss since the last read
     uniform_loss = math.log(run.enc.n_vocab)
     prog = _Progress(run.budget_s if steps is None else None, run.verbose, bar)
     mf = open(run.out / "metrics.jsonl", "a" if run.resume else "w") if run.lead else None
     stop, restore = _stop_signals()
     log_t0, log_tok0, last_ckpt = clock.charged_ns, state["tokens"], time.perf_counter_ns()
+    queued, synced_ns = 0, clock.charged_ns   # steps since the device was last waited for, and the charged time then
     try:
         while True:
             pred_ns = wd.predict_ns()
             due = ckpt_every_s is not None and time.perf_counter_ns() - last_ckpt >= ckpt_every_s * 1e9
             if world > 1:  # one decision for all ranks: the slowest rank's clock and prediction, anyone's stop, rank 0's checkpoint
-                charged, state["last_step_ns"], pred_ns, asked, due = map(int, agree_max(
-                    (clock.charged_ns, state["last_step_ns"], pred_ns, stop["set"], due and run.lead), world, run.ctrl))
+                charged, state["last_step_ns"], pred_ns, asked, due, run.reserve_ns = map(int, agree_max(
+                    (clock.charged_ns, state["last_step_ns"], pred_ns, stop["set"], due and run.lead, run.reserve_ns),
+                    world, run.ctrl))
                 clock.adopt(charged); stop["set"] = bool(asked)
             state["train_ns"] = clock.charged_ns
             if due and state["step"] > 0:  # a periodic checkpoint: never of weights that are no longer finite
-                if agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
-                    status, why = "diverged", f"non-finite loss or weights by step {state['step']}"; break
-                save_checkpoints(run); last_ckpt = time.perf_counter_ns()
+                if not agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
+                    save_checkpoints(run)
+                    _update_reserve(run, clock)
+                last_ckpt = time.perf_counter_ns()
             if steps is not None and state["step"] >= steps: break
-            if steps is None and not wd.fits(clock.charged_ns, pred_ns): break
+            if steps is None and not wd.fits(clock.charged_ns + run.reserve_ns, pred_ns): break
             if stop["set"]: status = "interrupted"; break
-            # the schedule at the middle of this step (of what is left of the budget, if the step is predicted to take longer):
-            # never the 0 at either end of the curve
-            frac = ((state["step"] + 0.5) / steps if steps is not None else
-                    (clock.charged_ns + min(state["last_step_ns"], wd.budget_ns - clock.charged_ns) / 2) / wd.budget_ns)
+            # the schedule at the middle of this step, counted from the first training step over the time left for training
+            # (of what is left, if the step is predicted to take longer): never the 0 at either end of the curve
+            frac = ((state["step"] + 0.5) / steps if steps is not None else clock.fraction(
+                wd.budget_ns, run.reserve_ns, min(state["last_step_ns"], wd.budget_ns - run.reserve_ns - clock.charged_ns) // 2))
             ts = clock.now_ns()
-            loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, world)
+            loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, world, run.lr_scale,
+                                poison=run.faults.nan_at == state["step"] + 1)
             run.nonfinite |= ~torch.isfinite(loss_t)
+            queued += 1
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
+            # the device is waited for only where a decision needs finished work: log steps, and every step near the end
+            near_end = steps is None and not wd.fits(clock.charged_ns + run.reserve_ns, (queued + SYNC_AHEAD) * max(pred_ns, 1))
             if check:
                 stats = torch.stack((loss_t, run.nonfinite.float()))
                 if world > 1: dist.all_reduce(stats); stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
                 last_loss, bad = stats.tolist()  # one read: syncs the device
-            state["last_step_ns"] = clock.step_done(ts)  # waits for the device: times finished work, not queued work
-            wd.record(state["last_step_ns"])
+            clock.step_done(ts, sync=check or near_end)
+            if check or near_end:   # the steps since the last wait, each charged its share of the finished work
+                state["last_step_ns"] = (clock.charged_ns - synced_ns) // queued
+                wd.record(state["last_step_ns"])
+                queued, synced_ns = 0, clock.charged_ns
             state["train_ns"] = clock.charged_ns; state["step"] += 1; state["tokens"] += run.tokens_per_step
             if not check: continue
-            strikes = strikes + 1 if frac >= tcfg.warmup_frac and last_loss >= uniform_loss - 0.01 else 0
-            if bad: why = f"a non-finite loss by step {state['step']} (loss {last_loss})"
-            elif strikes >= UNIFORM_STRIKES: why = f"loss {last_loss:.4f} >= ln V = {uniform_loss:.4f} (uniform prediction) at {strikes} log steps after warm-up"
-            if why: status = "diverged"; break
+            after_warmup = frac >= tcfg.warmup_frac
+            strikes = strikes + 1 if after_warmup and last_loss >= uniform_loss - 0.01 else 0
+            if problem := _problem(run, last_loss, bool(bad), best, strikes, after_warmup):
+                if _roll_back(run, problem):
+                    strikes = 0
+                    continue
+                status, why = "diverged", problem + (f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else "")
+                break
+            best = min(best, last_loss)
+            since = state["step"] - (run.snapshot.step if run.snapshot.step is not None else -tcfg.snapshot_every)
+            if tcfg.snapshot_every and since >= tcfg.snapshot_every:   # a finite loss: copy the state
+                if not agree_max([not _all_finite(run.model)], world, run.ctrl)[0]:   # (and its weights finite too)
+                    run.snapshot.take(run.model, run.opts, state["step"])
             tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns - log_t0) / 1e9, 1e-9)
             rec = {"step": state["step"], "time_s": round(clock.charged_ns / 1e9, 4), "loss": last_loss,
-                   "lr_mult": round(lr_multiplier(frac, tcfg), 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
+                   "lr_mult": round(lr_multiplier(frac, tcfg) * run.lr_scale, 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
                    "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world), "world_size": world, **run.model.moe_stats()}
             if mf: mf.write(json.dumps(rec) + "\n"); mf.flush()
             prog.update(rec, clock.charged_ns / 1e9)
@@ -477,16 +572,32 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
         if mf: mf.close()
     return status, why, last_loss
 
+def _update_reserve(run: Run, clock: Clock):
+    "In `wall` mode, keep free what the last write of model.pt took (rank 0 measured it; the loop shares it), or an estimate."
+    if clock.mode != "wall" or run.steps is not None: return
+    nbytes = sum(t.numel() * t.element_size() for t in run.model.state_dict().values())
+    run.reserve_ns = max(run.reserve_ns, int(save_reserve_s(nbytes, run.save_s) * 1e9))
+
 # %% ../nbs/30_train.ipynb #82047129
 def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float) -> dict:
     "Check the weights, save, evaluate (sharded over ranks) and write `result.json`; returns its dict."
     state, tcfg, world = run.state, run.tcfg, run.world
     overrun_ns = max(0, clock.charged_ns - wd.budget_ns) if run.steps is None else 0
-    if status != "diverged" and agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
-        status, why = "diverged", f"non-finite loss or weights by step {state['step']}"  # the steps since the last read, and the last update
-    if status == "diverged": run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
+    # the steps since the last read, and the last update, may have left non-finite weights: then the last finite state
+    unfinite = status == "crashed" or agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]
+    if (unfinite or status == "diverged") and run.snapshot.step is not None:
+        if unfinite and status not in ("diverged", "crashed"):
+            run.rollbacks.append({"step": state["step"], "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
+                                  "why": f"non-finite loss or weights by step {state['step']}, at the end"})
+        run.snapshot.restore(run.model, run.opts)
+        run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
+    elif unfinite and status != "diverged":
+        status, why = "diverged", f"non-finite loss or weights by step {state['step']}"
+    saved = run.snapshot.step is not None or not (unfinite or status == "diverged")
+    if not saved: run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
     else:
         save_checkpoints(run)
+        saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
         gather_experts(run.model)  # expert parallelism: every rank the whole model again, to evaluate it
     man = read_manifest(run.tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
@@ -495,7 +606,11 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
            "budget_s": run.budget_s if run.steps is None else None, "budget_mode": clock.mode,
            "startup_allowance_s": clock.allowance_ns / 1e9, "max_step_s": max(wd.recent, default=0) / 1e9,
            "ckpt_s": state.get("ckpt_ns", 0) / 1e9, "ckpts": state.get("ckpts", 0),
-           "final_train_loss": last_loss, "diverged_because": why or None,
+           "final_train_loss": last_loss, "diverged_because": why or None, "model_saved": saved,
+           "model_saved_at_s": saved_at_s if saved else None,
+           "kernels": run.kernels, "compile": run.compile_info, "rollbacks": run.rollbacks, "snapshots": run.snapshot.report(),
+           "save_reserve_s": run.reserve_ns / 1e9, "last_save_s": run.save_s, "device_syncs": clock.syncs,
+           "faults": asdict(run.faults) if run.faults else None,
            "loader_utilisation": round(run.loader.utilisation, 4), "device": str(run.dev), "hw": run.hwn, "seed": run.seed,
            "world_size": world, "global_batch": tcfg.batch_size * tcfg.grad_accum * world,
            "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path), "config_name": run.config, "recipe": run.recipe,
@@ -504,7 +619,7 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
     res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
-    if status != "diverged":
+    if saved:
         te = time.perf_counter_ns()
         vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
         dev = run.dev
@@ -519,6 +634,21 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
         res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
         if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
+
+# %% ../nbs/30_train.ipynb #6472fd73
+def run_preflight(run: Run) -> dict:
+    "Check the ops that would run NKI kernels (`resilience.preflight`), apply the decisions to the ops table, say them."
+    tcfg, dev = run.tcfg, run.dev
+    if not any(ops.resolve(op, dev, warn=False) == "nki" for op in ops.OPS): return {}   # no kernel here: nothing to check
+    deadline = max(30.0, tcfg.preflight_frac * run.budget_s) if run.budget_s and run.steps is None else 120.0
+    x, y = next(iter(rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, run.seed + 20_000)[1]))
+    agree = (lambda flags: agree_max(flags, run.world, run.ctrl)) if run.world > 1 else None
+    decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
+                          sync=lambda: synchronize(dev), agree=agree)
+    if refused := [op for op, d in decisions.items() if d["backend"] == "torch"]:
+        ops.set_backend(",".join(f"{op}={'torch' if op in refused else b}" for op, b in ops._state["spec"].items()))
+    if decisions: run.say(preflight_line(decisions))
+    return decisions
 
 # %% ../nbs/30_train.ipynb #4b375bb3
 def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", out_dir: str | Path = "runs/latest",
@@ -538,17 +668,29 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
     try:
         mode = budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
         clock = Clock(run.dev, mode, startup_allowance_s, t0)
+        if run.faults.startup_delay_s: time.sleep(run.faults.startup_delay_s)   # NF_FAULT=startup-delay:S
+        if run.tcfg.preflight: run.kernels = run_preflight(run)   # a kernel is used only when it runs, matches, is not slower
         run.say(f"{config}: {run.mcfg.n_params()/1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, device {run.dev}"
                 f"{f' x {run.world} processes' if run.world > 1 else ''}, ops {ops.backend_table(run.dev)}, "
                 f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.tcfg.dtype}{', compiled' if run.tcfg.compile else ''}, "
                 f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}")
         if resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")
-        warm_ns = warm_up(run)
-        clock.start(run.state["train_ns"])
+        warm_ns = warm_up(run, run.tcfg.compile_frac * budget_s if steps is None else None)
+        run.snapshot.take(run.model, run.opts, run.state["step"])   # the initial state: finite, a rollback's first target
+        if mode == "wall" and steps is None and not resume:   # a finite model.pt from the start; its write time is measured
+            save_checkpoints(run, model_only=True)
+            _update_reserve(run, clock)
+        clock.start(run.state["train_ns"], run.state.get("train_start_ns"))
+        if run.world > 1:   # one schedule for all ranks: its origin is the slowest rank's start (they all wait for it)
+            clock.train_start_ns = int(agree_max([clock.train_start_ns], run.world, run.ctrl)[0])
+        run.state["train_start_ns"] = clock.train_start_ns
         wd = Watchdog(None if steps else budget_s)
         if run.state["last_step_ns"]: wd.record(run.state["last_step_ns"])
         else: run.state["last_step_ns"] = warm_ns[-1]
-        status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s, bar)
+        try: status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s, bar)
+        except Exception as e:   # whatever happened, the last finite state is saved and scored (finish)
+            status, why, last_loss = "crashed", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}", float("nan")
+            run.say(f"crashed in training: {why}")
         res = finish(run, clock, wd, warm_ns, status, why, last_loss)
         if run.world > 1: dist.barrier(group=run.ctrl)  # no rank tears the group down while another still uses it
         return res

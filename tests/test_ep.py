@@ -11,7 +11,8 @@ from conftest import cli
 # the load-balancing loss is a product of batch means (each rank's own batch under data parallelism, as in DDP), which
 # differs from the whole batch's — the z-loss is a mean over tokens and stays on.
 SMALL = ["--set", "d_model=128", "--set", "n_layers=2", "--set", "n_heads=2", "--set", "d_expert=128", "--set", "seq_len=128",
-         "--set", "eval_seq_len=128", "--set", "capacity_factor=4", "--set", "aux_loss_coef=0", "--set", "eval_tokens=4096", "--quiet"]
+         "--set", "eval_seq_len=128", "--set", "capacity_factor=4", "--set", "aux_loss_coef=0", "--set", "eval_tokens=4096",
+         "--set", "data_sharding=global", "--quiet"]   # data_sharding=global: the rows of one process, split over the ranks
 STEPS = 10
 
 

@@ -125,6 +125,7 @@ CALLS = {
     "neuronfrontier.sim": _sim,
     "neuronfrontier.torchneuron": _torchneuron,
     "neuronfrontier.rehearsal": _rehearsal,
+    "neuronfrontier.resilience": lambda data: importlib.import_module("neuronfrontier.resilience").parse_faults("nan@3").nan_at == 3,
     "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
     "neuronfrontier.submission": _submission,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(

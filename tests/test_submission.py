@@ -37,7 +37,8 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
     # sections in notebook order, comments kept, package prefixes gone, the name clash config.resolve / ops.resolve renamed
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
-    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "train", "evaluate", "submission")]
+    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "resilience", "train",
+                                                     "evaluate", "submission")]
     assert "# one decision for all ranks" in src and "def ops_resolve(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
     # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte

@@ -109,15 +109,17 @@ def test_compile_matches_eager_cpu_tiny(pydocs, tmp_path):
 
 
 def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
-    "lr=1e9 under AdamW: the softcap keeps the loss finite at ln V; that is divergence, exit 1, nothing saved."
+    """lr=1e9 under AdamW: the softcap keeps the loss finite at ln V; that is divergence. Each time it rolls back to the
+    last finite state at half the learning rate; after max_rollbacks it stops: exit 1, the last finite state saved."""
     out = tmp_path / "blow"
     r = cli("train", "--config", "cpu-micro", "--steps", "30", "--data", pydocs, "--out", out,
             "--set", "optim=adamw", "--set", "lr=1e9", "--set", "eval_tokens=8192", "--quiet")
     assert r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     res = json.loads((out / "result.json").read_text())
-    assert res["status"] == "diverged" and res["val_bpb"] is None and "ln V" in res["diverged_because"]
-    assert r.stdout.strip().splitlines()[-1] == "val_bpb=nan (diverged)"
-    assert not (out / "model.pt").exists() and not (out / "resume.pt").exists()
+    assert res["status"] == "diverged" and "ln V" in res["diverged_because"] and "3 rollbacks before" in res["diverged_because"]
+    assert [rb["lr_scale"] for rb in res["rollbacks"]] == [0.5, 0.25, 0.125] and res["model_saved"]
+    m = T.load_for_eval(out / "model.pt", torch.device("cpu"))   # the last finite state, scored
+    assert all(torch.isfinite(p).all() for p in m.parameters()) and 0 < res["val_bpb"] < 20
 
 
 def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_path, monkeypatch):
@@ -133,21 +135,24 @@ def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_pat
     monkeypatch.setattr(T, "train_step", poisoned)
     r = T.train("cpu-micro", pydocs, out, budget_s=600, resume=True, sets=FAST + ["log_every=10"], verbose=False,
                 callback=lambda rec: rec["step"] >= 40)
-    assert r["status"] == "diverged" and r["steps"] <= 5 + 20, r
-    assert {f: (out / f).read_bytes() == b for f, b in good.items()} == {"model.pt": True, "resume.pt": True}
+    # the NaN is seen at log step 20 (5 resumed + 15): back to the state the resumed run started from, then on to step 40
+    assert r["status"] == "interrupted" and r["steps"] == 40 and len(r["rollbacks"]) == 1, r
+    assert r["rollbacks"][0]["to_step"] == 5 and r["rollbacks"][0]["step"] == 20 and r["rollbacks"][0]["lr_scale"] == 0.5
+    assert good["model.pt"] != (out / "model.pt").read_bytes()   # what is saved is finite, never the NaN weights
     assert torch.isfinite(T.load_for_eval(out / "model.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
 
 
 def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
-    "A NaN produced by the very last step (no loss has seen it yet) is caught by the check before saving."
+    "A NaN produced by the very last step (no loss has seen it yet) is caught before saving: the last finite state is saved."
     real_step, calls = T.train_step, []
     def poisoned(model, *a, **k):
         loss = real_step(model, *a, **k); calls.append(1)
         if len(calls) == 1 + 6: model.lm_head.weight.data[3, 3] = float("inf")
         return loss
     monkeypatch.setattr(T, "train_step", poisoned)
-    r = T.train("cpu-micro", pydocs, tmp_path / "last", steps=6, sets=FAST, verbose=False)
-    assert r["status"] == "diverged" and not (tmp_path / "last" / "model.pt").exists()
+    r = T.train("cpu-micro", pydocs, tmp_path / "last", steps=6, sets=FAST + ["snapshot_every=5"], verbose=False)
+    assert r["status"] == "completed" and r["rollbacks"][-1]["to_step"] == 5 and "at the end" in r["rollbacks"][-1]["why"]
+    assert torch.isfinite(T.load_for_eval(tmp_path / "last" / "model.pt", torch.device("cpu")).lm_head.weight).all()
 
 
 def test_no_step_at_lr_multiplier_zero(pydocs, tmp_path):
