@@ -20,7 +20,8 @@ DEFAULT_DATA = {"embedded": "data/cache/pydocs", "climbmix": "data/climbmix"}
 
 def _run_flags(p):
     p.add_argument("--config", default="cpu-tiny", help="model preset (see `neuronfrontier info`)")
-    p.add_argument("--recipe", default=None, help="named bundle of overrides: frontier (the default settings), baseline, kit-eval")
+    p.add_argument("--recipe", default=None, help="named bundle of overrides: frontier (the default settings), "
+                   "baseline, kit (the competition kit's baseline), kit-eval")
     p.add_argument("--budget", type=float, default=300.0, help="charged training seconds (default 300)")
     p.add_argument("--steps", type=int, default=None, help="train exactly N steps instead of a time budget")
     p.add_argument("--seed", type=int, default=0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'pad_to', 'ModelConfig', 'TrainConfig',
-           'validate_train', 'apply_overrides', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'pad_to', 'ModelConfig',
+           'TrainConfig', 'validate_train', 'apply_overrides', 'resolve', 'config_dict']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -24,6 +24,7 @@ def _nearest_aligned(v: int, multiple: int = TILE) -> str:
 
 # %% ../nbs/01_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")
+_INITS, _TABLE_DTYPES = ("normal", "uniform"), ("fp32", "bf16")
 VE_GATE_CHANNELS = TILE  # the value-embedding gate reads the first 128 channels of the block input (one tile)
 
 @dataclass
@@ -42,7 +43,14 @@ class ModelConfig:
     norm_eps: float = 1e-6
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
+    ve_gate_channels: int = VE_GATE_CHANNELS  # input channels the value-embedding gate reads (the kit: 32)
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
+    norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
+    embed_norm: bool = False   # RMSNorm on the token embedding's output (then x0 is the normalised embedding)
+    window_pattern: str = "L"  # attention window per layer, repeating: L = the whole context, S = half of seq_len;
+                               # the last layer always sees the whole context (the kit: 'SSSL')
+    init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
+    embed_dtype: str = "fp32"  # 'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: bf16)
     # mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense SwiGLU MLP
     n_experts: int = 0                    # routed experts in each MoE layer
     top_k: int = 2                        # experts each token is routed to
@@ -92,6 +100,14 @@ class ModelConfig:
             raise ValueError(f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(self.seq_len)}")
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
+        if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
+            raise ValueError(f"window_pattern={self.window_pattern!r}: use the letters S (half context) and L (full), "
+                             "e.g. SSSL")
+        if not 0 < self.ve_gate_channels <= self.d_model:
+            raise ValueError(f"ve_gate_channels={self.ve_gate_channels} must lie in 1..d_model={self.d_model}")
+        for name, allowed in (("init", _INITS), ("embed_dtype", _TABLE_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
         if self.n_experts: self._validate_moe()
         elif self.n_experts < 0: raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense)")
         return self
@@ -111,6 +127,14 @@ class ModelConfig:
             if getattr(self, name) < 0: raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         self.moe_layer_ids
 
+    @property
+    def windows(self) -> list[int | None]:
+        "Attention window of each layer in keys before the query (None: the whole context), from `window_pattern`."
+        pattern = self.window_pattern.upper()
+        out = [None if pattern[i % len(pattern)] == "L" else self.seq_len // 2 for i in range(self.n_layers)]
+        out[-1] = None
+        return out
+
     def has_ve(self, layer: int) -> bool:
         "Whether block `layer` gets a value embedding: every other layer, counted back from the last."
         return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
@@ -125,13 +149,13 @@ class ModelConfig:
     def _matmul_params(self, active: bool) -> int:
         "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
         d, a = self.d_model, self.d_attn
-        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * VE_GATE_CHANNELS * self.n_heads
+        gates = sum(self.has_ve(i) for i in range(self.n_layers)) * self.ve_gate_channels * self.n_heads
         return sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
 
     def n_params(self, embedding: bool = True, active: bool = False) -> int:
         "Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k routed experts a token uses."
         d, L = self.d_model, self.n_layers
-        gains = L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d   # norm weights, final norm
+        gains = (L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d) * self.norm_gains  # norms, final norm
         scalars = 2 * L if self.layer_scalars else 0
         tables = self.padded_vocab * (d + sum(self.has_ve(i) for i in range(L)) * self.d_attn)  # wte + value embeddings
         return self._matmul_params(active) + gains + scalars + (tables if embedding else 0)
@@ -139,7 +163,9 @@ class ModelConfig:
     def flops_per_token(self, seq_len: int | None = None) -> int:
         "Training FLOPs per token (forward + backward = 3× forward): 6·N_active_matmul + causal attention 6·L·T·d_attn."
         T = seq_len or self.seq_len
-        attn = 6 * self.n_layers * T * self.d_attn  # QK^T and PV: 2·2·T·d_attn fwd, causal halves it, ×3 fwd+bwd
+        # QK^T and PV: 2·2·d_attn per key a query sees, ×3 fwd+bwd; causal: T/2 keys on average, a window W: W − W²/2T
+        keys = sum(T / 2 if w is None or w >= T else w - w * w / (2 * T) for w in self.windows)
+        attn = round(12 * keys * self.d_attn)
         return 6 * self._matmul_params(active=True) + attn
 
 # %% ../nbs/01_config.ipynb #5a66bae5
@@ -157,6 +183,8 @@ class TrainConfig:
     muon_momentum: float = 0.95         # Muon momentum after its warm-up
     muon_momentum_start: float = 0.85   # ... rising linearly from this value
     muon_momentum_warmup: float = 0.1   # ... over this fraction of the budget (0: constant)
+    muon_momentum_steps: int = 0        # ... or, when > 0, over this many steps (the kit: 300)
+    muon_ema: bool = False      # Nesterov in the EMA form buf ← lerp(buf, g, 1−μ), u ← lerp(g, buf, μ) (the kit)
     ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
     normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
     weight_decay: float = 0.0
@@ -164,6 +192,7 @@ class TrainConfig:
     lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
     beta1: float = 0.9
     beta2: float = 0.95
+    adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
     grad_clip: float = 1.0      # 0 disables
     schedule: str = "wsd"       # 'wsd' (warmup-stable-decay) or 'cosine'
     warmup_frac: float = 0.02
@@ -221,6 +250,9 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.max_rollbacks < 0: raise ValueError(f"max_rollbacks={t.max_rollbacks} must be >= 0")
     if not 0 < t.rollback_lr_factor <= 1: raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
     if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
+    if t.muon_momentum_steps < 0:
+        raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
+    if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
@@ -280,6 +312,19 @@ RECIPES: dict[str, list[str]] = {
     "baseline": ["optim=adamw", "schedule=cosine", "qk_norm=false", "lr=3e-3", "embed_lr=3e-3", "head_lr=3e-3"],
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
     "kit-eval": ["seq_len=2048", "eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
+    # the competition kit's baseline (karpathy/autoresearch train.py): its model, optimizer and schedule
+    "kit": ["mlp=relu2", "value_embeds=true", "ve_gate_channels=32", "layer_scalars=true", "norm_gains=false",
+            "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=SSSL", "init=uniform", "embed_dtype=bf16",
+            "optim=muon", "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "weight_decay=0.2",
+            "muon_lr=0.04", "muon_momentum_start=0.85", "muon_momentum=0.95", "muon_momentum_steps=300",
+            "muon_ema=true",
+            "embed_lr=0.6", "head_lr=0.004", "scalar_lr=0.5", "lr_width_scale=true", "beta1=0.8", "beta2=0.95",
+            "adam_eps=1e-10", "grad_clip=0", "schedule=wsd", "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
+}
+
+# shapes a recipe derives from the preset's width, unless `--set` names them (the kit: heads of 128, an MLP of 4·d)
+RECIPE_SHAPES: dict[str, callable] = {
+    "kit": lambda m: dict(d_head=128, n_heads=max(1, m.d_model // 128), d_mlp=4 * m.d_model),
 }
 
 def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
@@ -290,7 +335,12 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
     for r in names:
         if r not in RECIPES: raise ValueError(f"unknown recipe {r!r}; choose one of: {', '.join(RECIPES)}")
     m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
-    m.validate(); validate_train(t)
+    named = {s.split("=", 1)[0].strip() for s in sets or ()}
+    for r in names:
+        if r in RECIPE_SHAPES:
+            m = replace(m, **{k: v for k, v in RECIPE_SHAPES[r](m).items() if k not in named})
+    m.validate()
+    validate_train(t)
     if t.eval_seq_len > m.seq_len:
         raise ValueError(f"eval_seq_len={t.eval_seq_len} exceeds seq_len={m.seq_len}: the model would be scored at positions it "
                          f"never trained on; train at least at the scored length (--set seq_len={t.eval_seq_len})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import torch
 import torch.nn as nn
-from .config import ModelConfig, VE_GATE_CHANNELS
+from .config import ModelConfig
 from . import ops
 from .moe import MoE
 
@@ -16,10 +16,12 @@ __all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'Attention', 'MLP', 'Block', 
 
 # %% ../nbs/02_model.ipynb #211d4be6
 class RMSNorm(nn.Module):
-    "RMSNorm with a learned gain, computed by `ops.rms_norm`."
-    def __init__(self, d: int, eps: float = 1e-6):
+    "RMSNorm computed by `ops.rms_norm`: with a learned gain, or (`gain=False`) a fixed gain of 1 that is no parameter."
+    def __init__(self, d: int, eps: float = 1e-6, gain: bool = True):
         super().__init__()
-        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+        self.eps = eps
+        if gain: self.weight = nn.Parameter(torch.ones(d))
+        else: self.register_buffer("weight", torch.ones(d), persistent=False)   # the kernels take a gain: ones
     def forward(self, x): return ops.rms_norm(x, self.weight, self.eps)
 
 # %% ../nbs/02_model.ipynb #58d61199
@@ -38,26 +40,29 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 # %% ../nbs/02_model.ipynb #34a5d777
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ve: bool = False):
+    def __init__(self, cfg: ModelConfig, ve: bool = False, window: int | None = None):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.wq = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
-        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps) if cfg.qk_norm else None
-        self.ve_gate = nn.Linear(VE_GATE_CHANNELS, cfg.n_heads, bias=False) if ve else None
+        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
+        self.gate_channels = cfg.ve_gate_channels
+        self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve else None
+        self.window = window   # keys before the query it may see (None: the whole context)
 
     def forward(self, x, cos, sin, ve=None):
         B, T, _ = x.shape
         q, k, v = (w(x).view(B, T, self.n_heads, self.d_head) for w in (self.wq, self.wk, self.wv))
         if ve is not None:  # value embedding, scaled per head by 2·sigmoid(gate) (1 at init)
-            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))[..., None] * ve.view_as(v)
+            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.gate_channels]))[..., None] * ve.view_as(v)
+        # QK-norm before the rotation: without gains the same as after it (a rotation keeps each head's RMS)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)  # [B, H, T, D]
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+        y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))   # y: [B, H, T, D]
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, d_mlp: int | None = None, kind: str | None = None):
@@ -74,8 +79,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         moe = layer in cfg.moe_layer_ids
-        self.norm1, self.attn = RMSNorm(cfg.d_model, cfg.norm_eps), Attention(cfg, cfg.has_ve(layer))
-        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps), MoE(cfg) if moe else MLP(cfg)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains)
+        self.attn = Attention(cfg, cfg.has_ve(layer), cfg.windows[layer])
+        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains), MoE(cfg) if moe else MLP(cfg)
         self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert, "swiglu") if moe and cfg.n_shared_experts else None
     def forward(self, x, cos, sin, ve=None):
         x = x + self.attn(self.norm1(x), cos, sin, ve)
@@ -92,7 +98,8 @@ class GPT(nn.Module):
         self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains)
+        self.norm_e = RMSNorm(cfg.d_model, cfg.norm_eps, gain=False) if cfg.embed_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.padded_vocab, cfg.d_attn)
@@ -101,18 +108,27 @@ class GPT(nn.Module):
             self.resid_lambdas, self.x0_lambdas = nn.Parameter(torch.ones(cfg.n_layers)), nn.Parameter(torch.ones(cfg.n_layers))
         self._rope = {}
         self.reset_parameters()
+        if cfg.embed_dtype == "bf16":   # tables stored in bf16 (the kit); their rows are cast where they are used
+            self.wte.to(torch.bfloat16)
+            self.value_embeds.to(torch.bfloat16)
 
     @torch.no_grad()
     def reset_parameters(self):
         nn.init.normal_(self.wte.weight, std=1.0)
         for name, p in self.named_parameters():
-            if p.ndim in (2, 3) and name != "wte.weight": nn.init.normal_(p, std=p.shape[-2 if p.ndim == 3 else 1] ** -0.5)
+            fan_in = p.shape[-2 if p.ndim == 3 else 1] if p.ndim > 1 else 1
+            if p.ndim in (2, 3) and name != "wte.weight" and self.cfg.init == "uniform":  # the kit: ±√3·d^-½
+                nn.init.uniform_(p, -((3 / self.cfg.d_model) ** 0.5), (3 / self.cfg.d_model) ** 0.5)
+            elif p.ndim in (2, 3) and name != "wte.weight": nn.init.normal_(p, std=fan_in ** -0.5)
             elif p.ndim == 1: nn.init.ones_(p)
         for b in self.blocks:
             for name, p in b.named_parameters():
                 if name.endswith(("wo.weight", "w_down.weight", "w_down")): nn.init.zeros_(p)   # blocks start as the identity
             if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
-        for e in self.value_embeds.values(): nn.init.normal_(e.weight, std=self.cfg.d_model ** -0.5)
+        bound = (3 / self.cfg.d_model) ** 0.5
+        for e in self.value_embeds.values():
+            if self.cfg.init == "uniform": nn.init.uniform_(e.weight, -bound, bound)
+            else: nn.init.normal_(e.weight, std=self.cfg.d_model ** -0.5)
         if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
 
@@ -150,12 +166,20 @@ class GPT(nn.Module):
         "Final normalised hidden states [B, T, d_model]."
         cos, sin = self.rope(idx.shape[1], idx.device)
         with self._ops():
-            x = x0 = self.wte(idx)
+            x = self._table_rows(self.wte, idx)
+            x = x0 = self.norm_e(x) if self.norm_e is not None else x
             for i, b in enumerate(self.blocks):
                 if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-                ve = self.value_embeds[str(i)](idx) if str(i) in self.value_embeds else None
+                ve = self._table_rows(self.value_embeds[str(i)], idx) if str(i) in self.value_embeds else None
                 x = b(x, cos, sin, ve)
             return self.norm_f(x)
+
+    @staticmethod
+    def _table_rows(table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+        "Rows of an embedding table; bf16 rows become fp32 outside autocast (under it they stay bf16, as in the kit)."
+        rows = table(idx)
+        if rows.dtype != torch.float32 and not torch.is_autocast_enabled(idx.device.type): rows = rows.float()
+        return rows
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(self.hidden(idx)).float()

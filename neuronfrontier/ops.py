@@ -11,8 +11,8 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
            'torch_neuronx_module', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy',
-           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'cross_entropy_torch',
-           'moe_mlp_torch']
+           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask',
+           'attention_window_torch', 'cross_entropy_torch', 'moe_mlp_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
@@ -114,9 +114,19 @@ def relu2(x: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     "relu(x @ w_upᵀ)²; x [..., d], w_up [d_mlp, d] → [..., d_mlp]."
     return _call("relu2", x, w_up)
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
-    "softmax(q kᵀ/√d_head + causal mask) v for q, k, v of shape [B, H, T, d_head]."
-    return _call("attention", q, k, v, causal=causal)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+              window: int | None = None) -> torch.Tensor:
+    """softmax(q kᵀ/√d_head + causal mask) v for q, k, v of shape [B, H, T, d_head]; with `window` W, query i sees
+    only keys i−W … i (FlashAttention's `window_size=(W, 0)`). A window that covers the sequence is full attention."""
+    T = q.shape[-2]
+    if window is None or window >= T - 1:
+        return _call("attention", q, k, v, causal=causal)
+    if not causal: raise ValueError(f"window={window} needs causal attention")
+    backend = resolve("attention", q.device, warn=False)
+    if backend != "torch" and ("window", backend) not in _state["warned"]:
+        _state["warned"].add(("window", backend))   # the NKI kernels do not skip tiles outside a window yet
+        warnings.warn(f"ops.attention: window={window} runs the torch op; the {backend!r} kernel has no window")
+    return attention_window_torch(q, k, v, window)
 
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:
@@ -147,6 +157,16 @@ def relu2_torch(x, w_up):
 @register("attention", "torch")
 def attention_torch(q, k, v, causal=True):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+def window_mask(T: int, window: int, device=None) -> torch.Tensor:
+    "[T, T] boolean: True where query i may see key j, 0 ≤ i − j ≤ window."
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(T, device=device)[None, :]
+    return (j <= i) & (i - j <= window)
+
+def attention_window_torch(q, k, v, window: int):
+    "Causal attention over the last `window` keys (and the query's own), as SDPA with a boolean mask."
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 
 @register("cross_entropy", "torch")
 def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):

@@ -8,7 +8,6 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn, Tensor
-from .config import VE_GATE_CHANNELS
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5', 'Muon',
@@ -89,12 +88,13 @@ class Muon(torch.optim.Optimizer):
     "MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale, decoupled weight decay."
     def __init__(self, params, lr: float = 0.025, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, coeffs="quintic", ns_dtype: torch.dtype | None = None,
-                 distributed: bool | None = None, normuon: bool = False, beta2: float = 0.95, cautious_wd: bool = False):
+                 distributed: bool | None = None, normuon: bool = False, beta2: float = 0.95, cautious_wd: bool = False,
+                 ema: bool = False):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or ns_steps < 1 or not 0 <= beta2 < 1:
             raise ValueError(f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, ns_steps={ns_steps}, beta2={beta2}")
         _resolve_coeffs(coeffs)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps, coeffs=coeffs,
-                        normuon=normuon, beta2=beta2, cautious_wd=cautious_wd)
+                        normuon=normuon, beta2=beta2, cautious_wd=cautious_wd, ema=ema)
         super().__init__(params, defaults)
         for g in self.param_groups:
             for p in g["params"]:
@@ -121,8 +121,12 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is None: continue
                 st = self.state[p]
                 if "momentum_buffer" not in st: st["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = st["momentum_buffer"].mul_(mu).add_(p.grad)
-                u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
+                if group["ema"]:   # the kit's form: an average of gradients (the sum form's multiple at a fixed μ)
+                    buf = st["momentum_buffer"].lerp_(p.grad, 1 - mu)
+                    u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                else:
+                    buf = st["momentum_buffer"].mul_(mu).add_(p.grad)
+                    u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
                 if p.ndim != 3: u = u.reshape(len(u), -1)   # 3-D: a stack of expert matrices, each orthogonalised
                 buckets.setdefault(tuple(u.shape), []).append((p, u))
             for shape, items in buckets.items():
@@ -142,7 +146,8 @@ class Muon(torch.optim.Optimizer):
                 for (p, _), o in zip(items, O):
                     if group["normuon"]: o = normuon_scale(self.state[p], o, group["beta2"])
                     o = o.view_as(p).to(p.dtype)
-                    if wd and group["cautious_wd"]: p.sub_(p * (o * p >= 0), alpha=lr * wd)  # decay only where the update shrinks |w| too
+                    if wd and group["cautious_wd"]:   # decay only where the update shrinks |w| too, at its rate
+                        p.sub_(p * (o * p >= 0), alpha=lr * scale * wd)
                     elif wd: p.mul_(1 - lr * wd)
                     p.add_(o, alpha=-lr * scale)
         return loss
@@ -158,6 +163,8 @@ def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-1
 # %% ../nbs/20_optim.ipynb #833ed537
 def _role(name: str, p: Tensor) -> str:
     if ".router." in name: return "router"   # MoE router: AdamW (its rows are per-expert score directions, not a map)
+    if name == "resid_lambdas": return "resid"
+    if name == "x0_lambdas": return "x0"
     if name.startswith("blocks.") and p.ndim >= 2: return "block"
     if name.startswith(("wte.", "value_embeds.")): return "embed"
     if name.startswith("lm_head."): return "head"
@@ -169,8 +176,11 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
     width = (_d_model(model) / 768) ** -0.5 if recipe.lr_width_scale else 1.0
+    # the layer scalars as the kit sets them: the residual scalars at 1/100 of the scalar rate, the x0 ones with β1 0.96
     lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr * width,
-           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr}
+           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr, "resid": recipe.scalar_lr * 0.01,
+           "x0": recipe.scalar_lr}
+    betas = {"x0": (0.96, recipe.beta2)}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
@@ -179,7 +189,8 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
         if role == "block" and use_muon:
             muon_params.append(p); rows.append((name, tuple(p.shape), "muon", lrs[role], wd)); continue
         adam_groups.setdefault(role, dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd,
-                                          initial_weight_decay=wd, role=role))
+                                          initial_weight_decay=wd, role=role,
+                                          betas=betas.get(role, (recipe.beta1, recipe.beta2))))
         adam_groups[role]["params"].append(p); rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
     opts = []
     if muon_params:
@@ -187,10 +198,10 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
                                initial_weight_decay=recipe.weight_decay)],
                          lr=lrs["block"], momentum=recipe.muon_momentum, weight_decay=recipe.weight_decay,
                          coeffs=coeffs or recipe.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
-                         normuon=recipe.normuon, cautious_wd=recipe.cautious_wd))
+                         normuon=recipe.normuon, cautious_wd=recipe.cautious_wd, ema=recipe.muon_ema))
     if adam_groups:
         opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=recipe.lr, betas=(recipe.beta1, recipe.beta2),
-                                      eps=1e-8, weight_decay=0.0))
+                                      eps=recipe.adam_eps, weight_decay=0.0))
     if print_table: print(optimizer_table(rows))
     return opts
 
@@ -233,12 +244,16 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
 
-def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0) -> tuple[float, float]:
+def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None) -> tuple[float, float]:
     """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`) and
     every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`: what
-    rollbacks have lowered the learning rate to (1 without)."""
+    rollbacks have lowered the learning rate to (1 without). With `recipe.muon_momentum_steps` the momentum ramps over
+    optimizer steps (`step`, counted from 0) instead of the budget."""
     mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)
-    mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
+    if recipe.muon_momentum_steps and step is not None:
+        mom = muon_momentum(step / recipe.muon_momentum_steps, recipe.muon_momentum, recipe.muon_momentum_start, 1.0)
+    else:
+        mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
     for o in opts:
         for g in o.param_groups:
             g["lr"] = g["initial_lr"] * mult
@@ -262,5 +277,5 @@ def muon_shapes(cfg) -> list[tuple[int, int]]:
             shared = [(cfg.n_shared_experts * cfg.d_expert, d)] * 2 + [(d, cfg.n_shared_experts * cfg.d_expert)] if cfg.n_shared_experts else []
             ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
         else: ffn = mlp(cfg.d_mlp)
-        out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, VE_GATE_CHANNELS)] if cfg.has_ve(i) else [])
+        out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) else [])
     return out

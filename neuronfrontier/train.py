@@ -139,12 +139,13 @@ def average_gradients(params, world: int):
         for g, v in zip(gs, flat.split([g.numel() for g in gs])): g.copy_(v.view_as(g))
 
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None, world: int = 1,
-               lr_scale: float = 1.0, poison: bool = False) -> torch.Tensor:
+               lr_scale: float = 1.0, poison: bool = False, step: int | None = None) -> torch.Tensor:
     """One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`, gradients averaged
     over `world` ranks; returns this rank's mean loss (a device tensor). `lr_scale`: what rollbacks have lowered the
-    learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`)."""
+    learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`); `step`: the step's index (0 first), for
+    schedules counted in steps (`muon_momentum_steps`)."""
     loss_fn = loss_fn or model.loss
-    apply_schedule(opts, tcfg, frac, lr_scale)
+    apply_schedule(opts, tcfg, frac, lr_scale, step)
     total = torch.zeros((), device=device)
     for _ in range(tcfg.grad_accum):
         x, y = next(batches)
@@ -529,7 +530,7 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
                 wd.budget_ns, run.reserve_ns, min(state["last_step_ns"], wd.budget_ns - run.reserve_ns - clock.charged_ns) // 2))
             ts = clock.now_ns()
             loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, world, run.lr_scale,
-                                poison=run.faults.nan_at == state["step"] + 1)
+                                poison=run.faults.nan_at == state["step"] + 1, step=state["step"])
             run.nonfinite |= ~torch.isfinite(loss_t)
             queued += 1
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None

@@ -1,0 +1,171 @@
+"""`--recipe kit` computes the competition kit's training step: the same losses as `kit_reference` (the kit's step,
+re-implemented from its source) on the same weights and the same batches."""
+import pytest
+import torch
+from neuronfrontier.config import resolve
+from neuronfrontier.model import GPT
+from neuronfrontier.optim import build_optimizers
+from neuronfrontier.train import train_step
+from kit_reference import KitGPT, KitOptimizer
+
+STEPS = 5
+
+
+def _flip_second_half(w, n_heads, d_head):
+    "Rows of a q or k projection with the second half of each head negated: our RoPE turns by +θ, the kit's by −θ."
+    w = w.clone().view(n_heads, d_head, -1)
+    w[:, d_head // 2:] *= -1
+    return w.view(n_heads * d_head, -1)
+
+
+def kit_from(model):
+    "A `KitGPT` holding `model`'s weights (the kit's names; q and k rows mapped to the kit's rotation)."
+    m = model.cfg
+    kit = KitGPT(m.vocab_size, m.d_model, m.n_layers, m.n_heads, m.seq_len, m.window_pattern, bf16_tables=False)
+    with torch.no_grad():
+        kit.wte.weight.copy_(model.wte.weight)
+        kit.lm_head.weight.copy_(model.lm_head.weight)
+        kit.resid_lambdas.copy_(model.resid_lambdas)
+        kit.x0_lambdas.copy_(model.x0_lambdas)
+        for i, table in model.value_embeds.items():
+            kit.value_embeds[i].weight.copy_(table.weight)
+        for ours, theirs in zip(model.blocks, kit.h):
+            theirs.c_q.weight.copy_(_flip_second_half(ours.attn.wq.weight, m.n_heads, m.d_head))
+            theirs.c_k.weight.copy_(_flip_second_half(ours.attn.wk.weight, m.n_heads, m.d_head))
+            theirs.c_v.weight.copy_(ours.attn.wv.weight)
+            theirs.c_proj.weight.copy_(ours.attn.wo.weight)
+            theirs.c_fc.weight.copy_(ours.mlp.w_up.weight)
+            theirs.mlp_proj.weight.copy_(ours.mlp.w_down.weight)
+            if ours.attn.ve_gate is not None:
+                theirs.ve_gate.weight.copy_(ours.attn.ve_gate.weight)
+    return kit
+
+
+def kit_losses(kit, batches, fracs):
+    opt = KitOptimizer(kit, kit.wte.weight.shape[1])
+    out = []
+    for step, ((x, y), frac) in enumerate(zip(batches, fracs)):
+        loss = kit(x, y)
+        loss.backward()
+        opt.step(step, frac)
+        opt.zero_grad(kit)
+        out.append(loss.item())
+    return out
+
+
+def engine_losses(model, tcfg, batches, fracs):
+    opts = build_optimizers(model, tcfg, print_table=False)
+    it = iter(batches)
+    return [train_step(model, opts, it, tcfg, frac, torch.device("cpu"), step=step).item()
+            for step, frac in enumerate(fracs)]
+
+
+def _setup(sets=(), seed=0):
+    m, t = resolve("cpu-tiny", "kit", ["seq_len=256", "eval_seq_len=256", "embed_dtype=fp32", "dtype=fp32", *sets])
+    torch.manual_seed(seed)
+    model = GPT(m, kernels="torch")
+    with torch.no_grad():   # move the zero-initialised projections so every path carries signal from step 0
+        for b in model.blocks:
+            b.attn.wo.weight.normal_(std=0.02)
+            b.mlp.w_down.weight.normal_(std=0.02)
+    g = torch.Generator().manual_seed(seed + 1)
+    xs = [torch.randint(0, 512, (4, 256), generator=g) for _ in range(STEPS)]
+    batches = [(x, (7 * x + 3) % m.vocab_size) for x in xs]    # a rule the model can start learning in five steps
+    return m, t, model, batches
+
+
+# The tolerance is set by how chaotic five steps at these rates are, not by the implementations: the kit against itself,
+# with one weight matrix scaled by (1 + 1e-7), moves its five losses by up to ~4e-4 nats (measured: 4.2e-4), and both
+# sides round differently in bf16 (the kit orthogonalises, applies NorMuon and multiplies by its rate in bf16; this
+# engine orthogonalises in bf16 and applies the rest in fp32). Measured difference: ~2e-3 at step 5. A wrong ingredient
+# moves the losses by more than the tolerance (`test_the_tolerance_sees_each_ingredient`).
+TOL = 4e-3
+FRACS = [0.2, 0.4, 0.6, 0.8, 0.95]   # through the constant phase and into the warm-down, weight decay shrinking
+_KIT = {}
+
+
+def _kit_reference_losses():
+    if "losses" not in _KIT:
+        _, _, model, batches = _setup()
+        _KIT["losses"] = kit_losses(kit_from(model), batches, FRACS)
+    return _KIT["losses"]
+
+
+def test_kit_recipe_is_the_kits_step():
+    m, t, model, batches = _setup()
+    assert m.windows[:3] == [128, 128, 128] and m.windows[-1] is None and m.d_head == 128 and m.d_mlp == 4 * m.d_model
+    ours = engine_losses(model, t, batches, FRACS)
+    theirs = _kit_reference_losses()
+    print("engine", ours, "\nkit   ", theirs)
+    assert theirs[-1] < theirs[0] - 1.0                                   # the steps do move the loss
+    assert max(abs(a - b) for a, b in zip(ours, theirs)) < TOL, (ours, theirs)
+
+
+@pytest.mark.parametrize("wrong", ["muon_lr=0.03", "normuon=false", "adam_eps=1e-8", "embed_lr=0.5", "head_lr=0.003",
+                                   "cautious_wd=false", "ns_coeffs=quintic", "layer_scalars=false", "embed_norm=false"])
+def test_the_tolerance_sees_each_ingredient(wrong):
+    "Each ingredient changed alone moves the five losses off the kit's by more than the tolerance."
+    _, t, model, batches = _setup([wrong])
+    if wrong in ("layer_scalars=false", "embed_norm=false"):   # the same weights, another model
+        _, _, same, _ = _setup()
+        model.load_state_dict(same.state_dict(), strict=False)
+    ours = engine_losses(model, t, batches, FRACS)
+    gap = max(abs(a - b) for a, b in zip(ours, _kit_reference_losses()))
+    print(wrong, f"{gap:.2e}")
+    assert gap > TOL, (wrong, ours, _kit_reference_losses())
+
+
+def _scrambled(sets=()):
+    "The kit model at cpu-tiny's width with every matrix random (no zero projections, open gates): every path in use."
+    m, t, model, batches = _setup(sets)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2 and not name.startswith(("wte", "value_embeds")): p.normal_(std=0.5 * p.shape[1] ** -0.5)
+    x = torch.randint(0, m.vocab_size, (2, 256), generator=torch.Generator().manual_seed(6))
+    return model, x, torch.roll(x, -1, 1)
+
+
+def _fp32_rotary(kit):
+    "The kit's rotary tables before its bf16 rounding."
+    d = kit.head_dim
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    freqs = torch.outer(torch.arange(kit.cos.shape[1], dtype=torch.float32), inv_freq)
+    return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+
+def test_the_kit_forward_is_the_kits_forward():
+    """The model alone, in fp32, is deterministic enough for a tight check: the same loss as the kit's forward to 1e-5,
+    where each switch of the recipe (the window, the norms, the scalars, the value-embedding gate) changes it."""
+    model, x, y = _scrambled()
+    kit = kit_from(model)
+    kit.cos, kit.sin = _fp32_rotary(kit)   # the kit rounds its rotary tables to bf16: ~1e-4 on these losses
+    with torch.no_grad():   # per-token losses: a window changes only the positions past it
+        ours, theirs = model.loss(x, y, reduction="none"), kit(x, y, reduction="none")
+    assert (ours - theirs).abs().max() < 1e-5, (ours - theirs).abs().max()
+    for wrong in ("window_pattern=L", "embed_norm=false", "layer_scalars=false", "ve_gate_channels=128"):
+        other, _, _ = _scrambled([wrong])
+        mine = other.state_dict()
+        other.load_state_dict({k: v for k, v in model.state_dict().items() if k in mine and mine[k].shape == v.shape},
+                              strict=False)
+        with torch.no_grad():
+            assert (other.loss(x, y, reduction="none") - theirs).abs().max() > 1e-3, wrong
+
+
+def test_muon_in_the_ema_form_is_the_kits_momentum():
+    "Muon with `ema=True` keeps the kit's momentum buffer while μ ramps (the sum form differs by a changing factor)."
+    from kit_reference import muon_update
+    from neuronfrontier.optim import Muon
+    torch.manual_seed(0)
+    ours, theirs = torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(64, 32))
+    with torch.no_grad(): theirs.copy_(ours)
+    opt = Muon([ours], lr=0.04, ema=True, normuon=True, cautious_wd=True, weight_decay=0.2, coeffs="polar_express")
+    state = {}
+    for step, mu in enumerate([0.85, 0.88, 0.91, 0.95]):
+        g = torch.randn(64, 32)
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        for group in opt.param_groups: group["momentum"] = mu
+        opt.step()
+        muon_update([theirs], state, 0.04, mu, 0.2)
+        torch.testing.assert_close(opt.state[ours]["momentum_buffer"], state["buf"][0], rtol=1e-6, atol=1e-7)
+    assert (ours - theirs).abs().max() < 0.02 * ours.abs().max()     # the weights: bf16 rounding of the update only
