@@ -174,11 +174,11 @@ class GPT(nn.Module):
                 x = b(x, cos, sin, ve)
             return self.norm_f(x)
 
-    @staticmethod
-    def _table_rows(table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
-        "Rows of an embedding table; bf16 rows become fp32 outside autocast (under it they stay bf16, as in the kit)."
+    def _table_rows(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+        """Rows of an embedding table; outside autocast in the dtype of the model's matmul weights (bf16 tables in an
+        fp32 model give fp32 rows), under autocast as stored (bf16 tables give a bf16 residual stream, as in the kit)."""
         rows = table(idx)
-        if rows.dtype != torch.float32 and not torch.is_autocast_enabled(idx.device.type): rows = rows.float()
+        if not torch.is_autocast_enabled(idx.device.type): rows = rows.to(self.lm_head.weight.dtype)
         return rows
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
