@@ -78,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the submission into")
     p.add_argument("--no-fit", dest="fit", action="store_false",
                    help="keep the preset's per-rank batch even if its traced step does not fit one rank's HBM")
-    p = sub.add_parser("rehearse", help="run a submission's own train.py and kernels as trn2 would, on this CPU: every kernel "
-                                        "call at production shape in the simulator, memory per rank; writes rehearsal.json")
+    p = sub.add_parser("rehearse", help="run a submission's own train.py and kernels as trn2 would, on this CPU: "
+                                        "every kernel call at production shape in the simulator, memory per rank; "
+                                        "writes rehearsal.json")
     p.add_argument("dir", help="the submission directory (train.py, nf_kernels/, launch.txt)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: the launch line's)")
     p.add_argument("--lnc", type=int, default=None, help="NEURON_LOGICAL_NC_CONFIG (default: the launch line's)")
-    p.add_argument("--hbm-gib", type=float, default=None, help="HBM per rank in GiB (default: one logical core's, 12 or 24)")
+    p.add_argument("--hbm-gib", type=float, default=None,
+                   help="HBM per rank in GiB (default: one logical core's, 12 or 24)")
     p.add_argument("--out", default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)")
     p = sub.add_parser("check", help="check a submission against the competition's contract (exit 0 only if every row passes)")
     p.add_argument("dir", help="the submission directory (train.py, launch.txt)")
@@ -186,8 +188,8 @@ def _train(a) -> int:
               startup_allowance_s=a.startup_allowance, ckpt_every_s=a.ckpt_every, started_ns=process_start_ns(), bar=tqdm)
     if env_world()[0] != 0: return _EXIT[r["status"]]  # under torchrun rank 0 alone prints
     _print_result(r)
-    if r["val_bpb"] is None: print(f"val_bpb=nan ({r['status']}: nothing saved)"); return _EXIT[r["status"]]
-    if r["status"] in ("diverged", "crashed"): print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
+    if r["status"] in ("diverged", "crashed"):
+        print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
     print(f"val_bpb={r['val_bpb']:.4f}")
     return _EXIT[r["status"]]
 
@@ -231,16 +233,19 @@ def _export(a) -> int:
     return 0
 
 def _rehearse(a) -> int:
-    from neuronfrontier.submission import check_launch, launch_shape
+    from neuronfrontier.submission import ALLOWED_LNC, check_launch, launch_shape
     from neuronfrontier.rehearsal import rehearse
     d = Path(a.dir)
-    if not (d / "train.py").is_file(): raise UserError(f"{d}: no train.py; export a submission with `neuronfrontier export --out {d}`")
+    if not (d / "train.py").is_file():
+        raise UserError(f"{d}: no train.py; export a submission with `neuronfrontier export --out {d}`")
     nproc, lnc = a.nproc, a.lnc
     if nproc is None or lnc is None:
-        ok, line = check_launch((d / "launch.txt").read_text()) if (d / "launch.txt").exists() else (False, "no launch.txt")
+        launch = d / "launch.txt"
+        ok, line = check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt")
         if not ok: raise UserError(f"{d}/launch.txt: {line}; or give --nproc and --lnc")
-        nproc, lnc = nproc or launch_shape(line)[0], lnc or launch_shape(line)[1]
-    if lnc not in (1, 2): raise UserError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
+        shape = launch_shape(line)
+        nproc, lnc = nproc or shape[0], lnc or shape[1]
+    if lnc not in ALLOWED_LNC: raise UserError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
     if nproc < 1: raise UserError(f"--nproc {nproc}: must be >= 1")
     try: rep = rehearse(d, nproc, lnc, a.out, None if a.hbm_gib is None else int(a.hbm_gib * 2**30))
     except RuntimeError as e: raise UserError(str(e)) from None
@@ -250,9 +255,11 @@ def _rehearse(a) -> int:
             print(f"memory, {phase}: not traced (its shapes depend on the data, e.g. an MoE's dropless routing)")
             continue
         kinds = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in m.items() if v and k != "total")
-        print(f"memory, {phase}: {m['total'] / 2**30:.2f} GiB per rank ({kinds}){'' if mem['fits'][phase] else '  OVER'}")
+        over = "" if mem["fits"][phase] else "  OVER"
+        print(f"memory, {phase}: {m['total'] / 2**30:.2f} GiB per rank ({kinds}){over}")
     for line in rep["failures"]: print(f"FAIL {line}")
-    print(f"rehearsal {'passed' if rep['passed'] else 'FAILED'}: {rep['summary']}\nwrote {a.out or d / 'rehearsal.json'}")
+    print(f"rehearsal {'passed' if rep['passed'] else 'FAILED'}: {rep['summary']}")
+    print(f"wrote {a.out or d / 'rehearsal.json'}")
     return 0 if rep["passed"] else 1
 
 def _check(a) -> int:

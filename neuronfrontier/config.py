@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'VE_GATE_CHANNELS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'pad_to', 'ModelConfig',
-           'TrainConfig', 'validate_train', 'apply_overrides', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'pad_to', 'ModelConfig', 'TrainConfig',
+           'validate_train', 'apply_overrides', 'resolve', 'config_dict']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -25,7 +25,6 @@ def _nearest_aligned(v: int, multiple: int = TILE) -> str:
 # %% ../nbs/01_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")
 _INITS, _TABLE_DTYPES = ("normal", "uniform"), ("fp32", "bf16")
-VE_GATE_CHANNELS = TILE  # the value-embedding gate reads the first 128 channels of the block input (one tile)
 
 @dataclass
 class ModelConfig:
@@ -43,7 +42,7 @@ class ModelConfig:
     norm_eps: float = 1e-6
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
-    ve_gate_channels: int = VE_GATE_CHANNELS  # input channels the value-embedding gate reads (the kit: 32)
+    ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
     norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
     embed_norm: bool = False   # RMSNorm on the token embedding's output (then x0 is the normalised embedding)
@@ -183,7 +182,8 @@ class TrainConfig:
     muon_momentum: float = 0.95         # Muon momentum after its warm-up
     muon_momentum_start: float = 0.85   # ... rising linearly from this value
     muon_momentum_warmup: float = 0.1   # ... over this fraction of the budget (0: constant)
-    muon_momentum_steps: int = 0        # ... or, when > 0, over this many steps (the kit: 300)
+    muon_momentum_steps: int = 0        # ... or, when > 0, over this many steps (the kit: 300); a caller that passes
+                                        # no step index (a probe, a benchmark) gets the budget-fraction ramp
     muon_ema: bool = False      # Nesterov in the EMA form buf ← lerp(buf, g, 1−μ), u ← lerp(g, buf, μ) (the kit)
     ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
     normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
@@ -193,6 +193,8 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
+    resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
+    x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
     grad_clip: float = 1.0      # 0 disables
     schedule: str = "wsd"       # 'wsd' (warmup-stable-decay) or 'cosine'
     warmup_frac: float = 0.02
@@ -210,9 +212,9 @@ class TrainConfig:
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
     ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
     # robustness (notebook 30_train): a run that never loses its checkpoint
-    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': every rank
-                                  # packs the whole global batch and keeps its rows (the rows of one process: for tests)
-    preflight: bool = True        # check each NKI op on the device before training; a failing, wrong or slower one: torch
+    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
+                                  # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
+    preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
     preflight_frac: float = 0.05  # share of the budget the preflight may take (at least 30 s)
     compile_frac: float = 0.25    # share of the budget compilation may take (compile=true); past it: eager
     snapshot_every: int = 50      # steps between host copies of the last finite weights and optimizer state (0: none)
@@ -248,11 +250,15 @@ def validate_train(t: TrainConfig) -> TrainConfig:
         if not 0 < getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in (0, 1]")
     if t.snapshot_every < 0: raise ValueError(f"snapshot_every={t.snapshot_every} must be >= 0 (0: no snapshots)")
     if t.max_rollbacks < 0: raise ValueError(f"max_rollbacks={t.max_rollbacks} must be >= 0")
-    if not 0 < t.rollback_lr_factor <= 1: raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
+    if not 0 < t.rollback_lr_factor <= 1:
+        raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
     if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
     if t.muon_momentum_steps < 0:
         raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
     if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
+    if t.resid_lr_scale < 0: raise ValueError(f"resid_lr_scale={t.resid_lr_scale} must be >= 0")
+    if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
+        raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
     return t
 
 # %% ../nbs/01_config.ipynb #78fab666
@@ -317,9 +323,9 @@ RECIPES: dict[str, list[str]] = {
             "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=SSSL", "init=uniform", "embed_dtype=bf16",
             "optim=muon", "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "weight_decay=0.2",
             "muon_lr=0.04", "muon_momentum_start=0.85", "muon_momentum=0.95", "muon_momentum_steps=300",
-            "muon_ema=true",
-            "embed_lr=0.6", "head_lr=0.004", "scalar_lr=0.5", "lr_width_scale=true", "beta1=0.8", "beta2=0.95",
-            "adam_eps=1e-10", "grad_clip=0", "schedule=wsd", "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
+            "muon_ema=true", "embed_lr=0.6", "head_lr=0.004", "scalar_lr=0.5", "resid_lr_scale=0.01", "x0_beta1=0.96",
+            "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10", "grad_clip=0", "schedule=wsd",
+            "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
 }
 
 # shapes a recipe derives from the preset's width, unless `--set` names them (the kit: heads of 128, an MLP of 4·d)

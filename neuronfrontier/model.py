@@ -49,7 +49,6 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
-        self.gate_channels = cfg.ve_gate_channels
         self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve else None
         self.window = window   # keys before the query it may see (None: the whole context)
 
@@ -57,7 +56,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         q, k, v = (w(x).view(B, T, self.n_heads, self.d_head) for w in (self.wq, self.wk, self.wv))
         if ve is not None:  # value embedding, scaled per head by 2·sigmoid(gate) (1 at init)
-            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.gate_channels]))[..., None] * ve.view_as(v)
+            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
         # QK-norm before the rotation: without gains the same as after it (a rotation keeps each head's RMS)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -114,21 +113,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self):
+        bound = (3 / self.cfg.d_model) ** 0.5   # init='uniform' (the kit): U(±√3·d^-½), the variance of N(0, 1/d)
+        def draw(p, std):
+            if self.cfg.init == "uniform": nn.init.uniform_(p, -bound, bound)
+            else: nn.init.normal_(p, std=std)
         nn.init.normal_(self.wte.weight, std=1.0)
         for name, p in self.named_parameters():
-            fan_in = p.shape[-2 if p.ndim == 3 else 1] if p.ndim > 1 else 1
-            if p.ndim in (2, 3) and name != "wte.weight" and self.cfg.init == "uniform":  # the kit: ±√3·d^-½
-                nn.init.uniform_(p, -((3 / self.cfg.d_model) ** 0.5), (3 / self.cfg.d_model) ** 0.5)
-            elif p.ndim in (2, 3) and name != "wte.weight": nn.init.normal_(p, std=fan_in ** -0.5)
+            if p.ndim in (2, 3) and name != "wte.weight": draw(p, p.shape[-2 if p.ndim == 3 else 1] ** -0.5)
             elif p.ndim == 1: nn.init.ones_(p)
         for b in self.blocks:
             for name, p in b.named_parameters():
                 if name.endswith(("wo.weight", "w_down.weight", "w_down")): nn.init.zeros_(p)   # blocks start as the identity
             if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
-        bound = (3 / self.cfg.d_model) ** 0.5
-        for e in self.value_embeds.values():
-            if self.cfg.init == "uniform": nn.init.uniform_(e.weight, -bound, bound)
-            else: nn.init.normal_(e.weight, std=self.cfg.d_model ** -0.5)
+        for e in self.value_embeds.values(): draw(e.weight, self.cfg.d_model ** -0.5)
         if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
 
@@ -175,8 +172,9 @@ class GPT(nn.Module):
             return self.norm_f(x)
 
     def _table_rows(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
-        """Rows of an embedding table; outside autocast in the dtype of the model's matmul weights (bf16 tables in an
-        fp32 model give fp32 rows), under autocast as stored (bf16 tables give a bf16 residual stream, as in the kit)."""
+        """Rows of an embedding table; outside autocast in the dtype of the model's matmul weights (bf16 tables in
+        an fp32 model give fp32 rows), under autocast as stored (bf16 tables give a bf16 residual stream, as in the
+        kit)."""
         rows = table(idx)
         if not torch.is_autocast_enabled(idx.device.type): rows = rows.to(self.lm_head.weight.dtype)
         return rows

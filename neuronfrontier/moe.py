@@ -14,9 +14,10 @@ from .config import ModelConfig, TILE, pad_to
 from . import ops
 
 # %% auto #0
-__all__ = ['BLOCK', 'EXPERT_IMPL', 'expert_capacity', 'Router', 'balance_losses', 'Dispatch', 'dispatch', 'gather_rows',
-           'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_groups', 'expert_parallel', 'expert_shards',
-           'ep_sync_grads', 'ep_clip_grad_norm_', 'gather_experts', 'ep_consolidated', 'ep_shard_optimizer_states']
+__all__ = ['BLOCK', 'EXPERT_IMPL', 'expert_capacity', 'Router', 'expert_counts', 'balance_losses', 'Dispatch', 'dispatch',
+           'gather_rows', 'combine', 'grouped_mm_works', 'expert_mlp', 'MoE', 'expert_groups', 'expert_parallel',
+           'expert_shards', 'ep_sync_grads', 'ep_clip_grad_norm_', 'gather_experts', 'ep_consolidated',
+           'ep_shard_optimizer_states']
 
 # %% ../nbs/05_moe.ipynb #7c7a87d7
 BLOCK = TILE   # rows of one expert block: the TensorEngine's 128 partitions
@@ -54,13 +55,18 @@ class Router(nn.Module):
         return idx, w, logits, scores
 
 # %% ../nbs/05_moe.ipynb #3cfe55ef
-def balance_losses(logits, scores, expert_idx, router: str = "softmax") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def expert_counts(expert_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
+    "How many entries of `expert_idx` name each expert: [n_experts] int64, a static shape (no bincount)."
+    e = expert_idx.reshape(-1).long()
+    return torch.zeros(n_experts, dtype=torch.long, device=e.device).scatter_add_(0, e, torch.ones_like(e))
+
+def balance_losses(logits, scores, expert_idx, router: str = "softmax",
+                   counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(aux, z, counts): Switch's load-balancing loss E·Σ_e f_e·P_e (f_e: share of the assignments expert e gets,
     P_e: its mean routing probability; 1 when balanced), ST-MoE's z-loss mean(logsumexp(logits)²), and the
-    assignments per expert."""
+    assignments per expert (`counts`, when the caller has them already)."""
     E = logits.shape[-1]
-    e = expert_idx.reshape(-1)
-    counts = torch.zeros(E, dtype=torch.long, device=e.device).scatter_add_(0, e, torch.ones_like(e))  # static shape [E]
+    counts = expert_counts(expert_idx, E) if counts is None else counts
     f = counts.float() / expert_idx.numel()
     p = scores if router == "softmax" else scores / scores.sum(-1, keepdim=True)
     aux = E * (f * p.mean(0)).sum()
@@ -136,11 +142,9 @@ def expert_mlp(x, w_gate, w_up, w_down, block_expert, impl: str | None = None):
     """The `torch` backend of `ops.moe_mlp`: each expert's rows (whole blocks, experts in order) through its SwiGLU,
     by `torch._grouped_mm` (one kernel per projection for all experts) or a loop over the experts."""
     impl = impl or EXPERT_IMPL
-    dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    dt = ops.kernel_dtype(x)
     x, w_gate, w_up, w_down = (t.to(dt) for t in (x, w_gate, w_up, w_down))
-    be = block_expert.long()
-    rows = torch.zeros(w_gate.shape[0], dtype=torch.long, device=be.device).scatter_add_(0, be, torch.ones_like(be)) * BLOCK
+    rows = expert_counts(block_expert, w_gate.shape[0]) * BLOCK
     if impl == "auto": impl = "grouped" if grouped_mm_works(x.device, dt) else "loop"
     if impl == "grouped":
         offs = rows.cumsum(0).to(torch.int32)
@@ -204,7 +208,7 @@ class MoE(nn.Module):
         disp = dispatch(idx, cfg.n_experts, cap)
         yb = self.experts(gather_rows(x2, disp), disp.block_expert, cap)
         y = combine(yb, disp, w).to(x.dtype)
-        aux, z, counts = balance_losses(logits, scores, idx, cfg.router)
+        aux, z, counts = balance_losses(logits, scores, idx, cfg.router, disp.counts)   # dispatch counted them
         if self.training:
             self.aux_loss = (cfg.aux_loss_coef * aux if cfg.balance == "aux_loss" else 0) + cfg.z_loss_coef * z
             if cfg.balance == "bias": self.router.load += counts

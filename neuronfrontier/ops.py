@@ -4,15 +4,15 @@
 
 # %% ../nbs/03_ops.ipynb #f6700fe9
 from __future__ import annotations
-import contextlib, importlib, warnings
+import contextlib, functools, importlib, warnings
 import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'use_backend', 'resolve', 'backend_table',
-           'torch_neuronx_module', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy',
-           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask',
-           'attention_window_torch', 'cross_entropy_torch', 'moe_mlp_torch']
+__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend', 'resolve',
+           'backend_table', 'torch_neuronx_module', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention',
+           'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch',
+           'window_mask', 'cross_entropy_torch', 'moe_mlp_torch']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
@@ -47,6 +47,11 @@ def set_backend(spec: str) -> dict[str, str]:
     "Set the backend of every op (or of some, with 'op=backend,...'); returns the previous setting."
     prev = dict(_state["spec"]); _state["spec"] = parse_backend(spec); return prev
 
+def pin_backends(backends: dict[str, str]) -> dict[str, str]:
+    "Set the backend of the ops named in `backends` (op → backend) and keep the others'; returns the previous setting."
+    spec = {**_state["spec"], **backends}
+    return set_backend(",".join(f"{op}={b}" for op, b in spec.items()))
+
 @contextlib.contextmanager
 def use_backend(spec: str):
     "Context manager: run the block with backend `spec`, then restore the previous one."
@@ -72,11 +77,15 @@ def resolve(op: str, device: torch.device | str = "cpu", warn: bool = True) -> s
     if want != "torch": _load_kernels()
     if want == "auto": want = "nki" if dev == "neuron" and "nki" in _IMPLS[op] else "torch"
     if want not in _IMPLS[op]:
-        if warn and (op, want) not in _state["warned"]:
-            _state["warned"].add((op, want))
-            warnings.warn(f"ops.{op}: no {want!r} implementation available; falling back to 'torch'")
+        if warn: _warn_once((op, want), f"ops.{op}: no {want!r} implementation available; falling back to 'torch'")
         want = "torch"
     return want
+
+def _warn_once(key, message: str):
+    "Warn `message` the first time `key` is seen in this process."
+    if key not in _state["warned"]:
+        _state["warned"].add(key)
+        warnings.warn(message)
 
 def backend_table(device="cpu") -> dict[str, str]:
     "What actually runs for each op on `device` (fallbacks warn when the op is called, not here)."
@@ -97,7 +106,7 @@ def torch_neuronx_module():
 
 # %% ../nbs/03_ops.ipynb #4355f6cd
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
-    "The dtype of a kernel's matmul operands for activations `x`: autocast's dtype while autocast is on for x's device, else x's."
+    "The dtype of a kernel's matmul operands for activations `x`: autocast's while it is on for x's device, else x's."
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
@@ -123,10 +132,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         return _call("attention", q, k, v, causal=causal)
     if not causal: raise ValueError(f"window={window} needs causal attention")
     backend = resolve("attention", q.device, warn=False)
-    if backend != "torch" and ("window", backend) not in _state["warned"]:
-        _state["warned"].add(("window", backend))   # the NKI kernels do not skip tiles outside a window yet
-        warnings.warn(f"ops.attention: window={window} runs the torch op; the {backend!r} kernel has no window")
-    return attention_window_torch(q, k, v, window)
+    if backend != "torch":   # the NKI kernels do not skip tiles outside a window yet
+        _warn_once(("window", backend),
+                   f"ops.attention: window={window} runs the torch op; the {backend!r} kernel has no window")
+    return _IMPLS["attention"]["torch"](q, k, v, causal=True, window=window)
 
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:
@@ -155,18 +164,16 @@ def relu2_torch(x, w_up):
     return F.relu(F.linear(x, w_up)).square()
 
 @register("attention", "torch")
-def attention_torch(q, k, v, causal=True):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+def attention_torch(q, k, v, causal=True, window=None):
+    if window is None: return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 
+@functools.lru_cache(maxsize=8)   # one mask per (length, window, device), not one per call
 def window_mask(T: int, window: int, device=None) -> torch.Tensor:
     "[T, T] boolean: True where query i may see key j, 0 ≤ i − j ≤ window."
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(T, device=device)[None, :]
     return (j <= i) & (i - j <= window)
-
-def attention_window_torch(q, k, v, window: int):
-    "Causal attention over the last `window` keys (and the query's own), as SDPA with a boolean mask."
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 
 @register("cross_entropy", "torch")
 def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):

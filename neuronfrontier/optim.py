@@ -146,8 +146,9 @@ class Muon(torch.optim.Optimizer):
                 for (p, _), o in zip(items, O):
                     if group["normuon"]: o = normuon_scale(self.state[p], o, group["beta2"])
                     o = o.view_as(p).to(p.dtype)
-                    if wd and group["cautious_wd"]:   # decay only where the update shrinks |w| too, at its rate
-                        p.sub_(p * (o * p >= 0), alpha=lr * scale * wd)
+                    # cautious decay (the kit's): only where the update shrinks |w| too, at the update's rate lr·scale;
+                    # plain decoupled decay stays at lr (Keller Jordan's Muon)
+                    if wd and group["cautious_wd"]: p.sub_(p * (o * p >= 0), alpha=lr * scale * wd)
                     elif wd: p.mul_(1 - lr * wd)
                     p.add_(o, alpha=-lr * scale)
         return loss
@@ -176,11 +177,12 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
     if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
     use_muon = recipe.optim == "muon"
     width = (_d_model(model) / 768) ** -0.5 if recipe.lr_width_scale else 1.0
-    # the layer scalars as the kit sets them: the residual scalars at 1/100 of the scalar rate, the x0 ones with β1 0.96
+    # the layer scalars: the residual ones at `resid_lr_scale` × the scalar rate, the x0 ones with their own β1
     lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr * width,
-           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr, "resid": recipe.scalar_lr * 0.01,
+           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr,
+           "resid": recipe.scalar_lr * recipe.resid_lr_scale,
            "x0": recipe.scalar_lr}
-    betas = {"x0": (0.96, recipe.beta2)}
+    betas = {"x0": (recipe.x0_beta1, recipe.beta2)} if recipe.x0_beta1 is not None else {}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
@@ -188,9 +190,8 @@ def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtyp
         wd = recipe.weight_decay if role == "block" else 0.0
         if role == "block" and use_muon:
             muon_params.append(p); rows.append((name, tuple(p.shape), "muon", lrs[role], wd)); continue
-        adam_groups.setdefault(role, dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd,
-                                          initial_weight_decay=wd, role=role,
-                                          betas=betas.get(role, (recipe.beta1, recipe.beta2))))
+        group = dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd, initial_weight_decay=wd, role=role)
+        adam_groups.setdefault(role, {**group, **({"betas": betas[role]} if role in betas else {})})
         adam_groups[role]["params"].append(p); rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
     opts = []
     if muon_params:
@@ -245,8 +246,9 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     return start + (end - start) * t
 
 def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None) -> tuple[float, float]:
-    """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`) and
-    every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`: what
+    """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`)
+    and every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`:
+    what
     rollbacks have lowered the learning rate to (1 without). With `recipe.muon_momentum_steps` the momentum ramps over
     optimizer steps (`step`, counted from 0) instead of the budget."""
     mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)

@@ -57,8 +57,8 @@ def submission_main(argv=None) -> int:
         print(f"error: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=sys.stderr); return 2
     if env_world()[0] != 0: return 0 if r["status"] == "completed" else 1  # rank 0 alone prints
     for k in ("status", "steps", "tokens", "tok_s", "mfu", "train_s", "warmup_s", "eval_s", "overrun_s"): print(f"{k:>10s}: {r[k]}")
-    if r["val_bpb"] is None: print(f"val_bpb=nan ({r['status']}: nothing saved)"); return 1
-    if r["status"] in ("diverged", "crashed"): print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
+    if r["status"] in ("diverged", "crashed"):
+        print(f"{r['status']}: {r['diverged_because']}; the last finite state is saved")
     print(f"checkpoint: {r['checkpoint']}\nval_bpb={r['val_bpb']:.4f}")
     return 0 if r["status"] == "completed" else 1
 
@@ -67,7 +67,8 @@ class ExportError(ValueError): "The package's source cannot be bundled into a se
 
 PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ... are not
-BUNDLED = ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "resilience", "train", "evaluate", "submission")
+BUNDLED = ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "resilience", "train", "evaluate",
+           "submission")
 ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
@@ -400,7 +401,8 @@ def scan_imports(src: str, local_modules=(), relative: bool = False) -> list[str
         for m in mods:
             top = m.split(".")[0]
             if m == "neuronxcc.nki" or m.startswith("neuronxcc.nki."):   # gone from neuronx-cc since Neuron 2.34
-                out.append(f"line {n.lineno}: `{m}` was removed in Neuron 2.34 (neuronx-cc no longer ships it): import nki")
+                out.append(f"line {n.lineno}: `{m}` was removed in Neuron 2.34 (neuronx-cc no longer ships it): "
+                           "import nki")
                 continue
             if top == "__future__" or top in sys.stdlib_module_names or top in ALLOWED_PACKAGES or top in local_modules: continue
             if top in NEURON_PACKAGES:
@@ -554,7 +556,8 @@ def install(register):
     for m in MODULES: importlib.import_module(f"{{__name__}}.kernels.{{m}}")
 '''
 
-_KP_OPS = '''"""What the kernel modules use of the package's ops module: the op table's `register` (train.py's, set by `install`),
+_KP_OPS = '''"""What the kernel modules use of the package's ops module: the op table's `register` (train.py's, set by
+`install`),
 TorchNeuron, and `kernel_dtype` (bundled from neuronfrontier/ops.py)."""
 {bundled}
 
@@ -570,7 +573,8 @@ def torch_neuronx_module():
         return None
 '''
 
-_KP_SIM = '''"""The real NKI (Neuron SDK 2.34: NKI 0.8): the names the kernel modules import from neuronfrontier.sim (which, off trn2,
+_KP_SIM = '''"""The real NKI (Neuron SDK 2.34: NKI 0.8): the names the kernel modules import from neuronfrontier.sim
+(which, off trn2,
 is the package's simulator)."""
 try:
     import nki
@@ -601,7 +605,9 @@ def ship_kernels(out_dir, names, prov: dict | None = None) -> list[Path]:
     prov = prov or provenance()
     srcs = {n: _kernel_source(n) for n in names}
     hw = set().union(*(_kernel_imports(n, s)[1] for n, s in srcs.items()))
-    files = {"__init__.py": _KP_INIT.format(modules=tuple(names), **prov), "ops.py": _KP_OPS.format(bundled=bundle_names("ops", {"kernel_dtype"})), "sim.py": _KP_SIM.format(package=KERNEL_PACKAGE),
+    files = {"__init__.py": _KP_INIT.format(modules=tuple(names), **prov),
+             "ops.py": _KP_OPS.format(bundled=bundle_names("ops", {"kernel_dtype"})),
+             "sim.py": _KP_SIM.format(package=KERNEL_PACKAGE),
              "hw.py": f'"""The definitions of {PKG}.hw the kernel modules import ({", ".join(sorted(hw))}), bundled from {PKG}/hw.py."""\n\n' + bundle_names("hw", hw),
              "kernels/__init__.py": '"The package\'s NKI kernel modules, verbatim: each registers its op\'s backends when imported."\n',
              **{f"kernels/{n}.py": s for n, s in srcs.items()}}
@@ -681,8 +687,10 @@ def _fit_note(plan: dict, rows: int, seq_len: int, lnc: int, changed: bool) -> s
     "What the memory plan found, for the README and the console."
     gib = lambda b: f"{b / 2**30:.2f} GiB"
     first, last = plan["tried"][0], plan["tried"][-1]
-    paths = ", ".join(f"{gib(v)} {'with the kernels' if k == 'kernels' else 'with PyTorch ops'}" for k, v in last["peak_bytes"].items())
-    why = (f"; {first['batch_size']} rows in one micro-batch need {gib(max(first['peak_bytes'].values()))}" if changed else "")
+    paths = ", ".join(f"{gib(v)} {'with the kernels' if k == 'kernels' else 'with PyTorch ops'}"
+                      for k, v in last["peak_bytes"].items())
+    need = gib(max(first["peak_bytes"].values()))
+    why = f"; {first['batch_size']} rows in one micro-batch need {need}" if changed else ""
     return (f"{plan['batch_size']} rows × {seq_len} tokens a micro-batch × {plan['grad_accum']} accumulation steps = "
             f"{rows} rows per rank and step{' (fitted by the export)' if changed else ''}: peak {paths}, of "
             f"{gib(plan['limit_bytes'])} usable per rank at LNC={lnc}{why} (traced on FakeTensors by "
@@ -703,10 +711,12 @@ def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int 
     rows = tcfg.batch_size * tcfg.grad_accum
     try: plan = plan_batch(out, nproc, lnc)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        raise ValueError(f"{config}: the memory plan failed ({str(e).strip().splitlines()[0]}); export with --no-fit to skip it") from None
+        raise ValueError(f"{config}: the memory plan failed ({str(e).strip().splitlines()[0]}); "
+                         "export with --no-fit to skip it") from None
     if plan["batch_size"] is None:
         need = min(max(t["peak_bytes"].values()) for t in plan["tried"])
-        raise ValueError(f"{config}: no per-rank micro-batch fits one rank at LNC={lnc}: even {plan['tried'][-1]['batch_size']} "
+        raise ValueError(f"{config}: no per-rank micro-batch fits one rank at LNC={lnc}: "
+                         f"even {plan['tried'][-1]['batch_size']} "
                          f"row needs {need / 2**30:.2f} GiB of {plan['limit_bytes'] / 2**30:.2f} usable; "
                          f"launch with --nproc 4 --lnc 2 (twice the HBM per rank) or a smaller model")
     changed = plan["batch_size"] != tcfg.batch_size
@@ -806,20 +816,24 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
     for t in (T // 4, T // 2, T - 2):
         x1 = x.clone(); x1[:, :t] = rand(B, t)
         seen = max(seen, diff(z[:, t], run(x1)[:, t]))
-    blind = (f"not probed: the logits at a position do not move when the tokens before it change (max |Δlogit| {seen:.2e} "
-             f"<= {tol:.1e}), so a leak could not show; probe a trained checkpoint (--checkpoint)") if seen <= tol else ""
+    blind = (f"not probed: the logits at a position do not move when the tokens before it change "
+             f"(max |Δlogit| {seen:.2e} "
+             f"<= {tol:.1e}), so a leak could not show; probe a trained checkpoint (--checkpoint)"
+             ) if seen <= tol else ""
     worst = 0.0
     for t in (T // 4, T // 2, T - 2):  # change every token after position t: logits at positions <= t must not move
         x2 = x.clone(); x2[:, t + 1:] = rand(B, T - t - 1)
         worst = max(worst, diff(z[:, :t + 1], run(x2)[:, :t + 1]))
-    row("causal", None if blind else worst <= tol, blind or f"max |Δlogit| at positions <= t when tokens after t change: "
+    row("causal", None if blind else worst <= tol,
+        blind or f"max |Δlogit| at positions <= t when tokens after t change: "
         f"{worst:.2e} (tolerance {tol:.1e}; earlier tokens move them by {seen:.2e})")
     worst = 0.0
     for i in range(B):  # the same row alone, and among different rows
         worst = max(worst, diff(z[i:i + 1], run(x[i:i + 1])))
         x3 = rand(B + 1, T); x3[B - i] = x[i]
         worst = max(worst, diff(z[i], run(x3)[B - i]))
-    row("batch independent", None if blind else worst <= tol, blind or f"max |Δlogit| of a row alone or among other rows vs "
+    row("batch independent", None if blind else worst <= tol,
+        blind or f"max |Δlogit| of a row alone or among other rows vs "
         f"in its batch: {worst:.2e} (tolerance {tol:.1e}; the row's own earlier tokens move them by {seen:.2e})")
     row("no collectives", not calls, "none while loading and scoring" if not calls else f"called {', '.join(sorted(set(calls)))}")
     print(json.dumps(rows))
@@ -838,9 +852,11 @@ def _baked(src: str, name: str, default=None):
 def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
     "Train the submission for one step (an export's `--steps`/`--out`/`--set` flags) to get a checkpoint to probe."
     # one row of 256 tokens: the probes need a checkpoint whose model uses its context, not the preset's batch (a 124M
-    # model's 16 × 2048-token step takes minutes on a CPU); after one optimizer step the blocks are no longer the identity
+    # model's 16 × 2048-token step takes minutes on a CPU); after one optimizer step the blocks are no longer the
+    # identity
     small = ["batch_size=1", "grad_accum=1", "seq_len=256", "eval_seq_len=128", "eval_tokens=128", "eval_batch_size=1"]
-    cmd = [sys.executable, "train.py", "--steps", "1", "--out", str(tmp), "--quiet", "--device", device, "--data", str(data),
+    cmd = [sys.executable, "train.py", "--steps", "1", "--out", str(tmp), "--quiet", "--device", device,
+           "--data", str(data),
            "--tokenizer", str(tokenizer), *(a for kv in small for a in ("--set", kv))]
     r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=1800)
     if r.returncode or not (tmp / "model.pt").exists():
@@ -863,7 +879,8 @@ def _rehearsal_row(d: Path, line: str) -> tuple[bool, str]:
 
 def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cpu", tol: float = CHECK_TOL,
           rehearse_it: bool = True) -> list[tuple[str, bool | None, str]]:
-    """The contract rows (name, passed, reason) for the submission in `sub_dir`; passed is None for a probe that could not
+    """The contract rows (name, passed, reason) for the submission in `sub_dir`; passed is None for a probe that could
+    not
     see what it tests. The rehearsal row runs the submission as trn2 would (`neuronfrontier.rehearsal`; `rehearse_it`).
     The model rows load train.py in a fresh interpreter (neuronfrontier blocked) and call its `load_for_eval` on
     `checkpoint` (default: out/model.pt, else one made by a 1-step run) with 4 validation rows of 128 tokens from
@@ -907,10 +924,12 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
         except (RuntimeError, ValueError, FileNotFoundError, OSError, subprocess.TimeoutExpired) as e:
             rows.append(("load_for_eval", False, f"not probed: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"))
     names = [r[0] for r in rows]
-    rows += [(n, False, "not run: an earlier row failed") for n in CHECKS if n not in names and (n != "rehearsal" or rehearse_it)]
+    rows += [(n, False, "not run: an earlier row failed")
+             for n in CHECKS if n not in names and (n != "rehearsal" or rehearse_it)]
     return sorted(rows, key=lambda r: CHECKS.index(r[0]))
 
-CHECKS = ("imports", "launch", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite", "causal", "batch independent",
+CHECKS = ("imports", "launch", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite", "causal",
+          "batch independent",
           "no collectives")
 
 def check_table(rows) -> str:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/30_train.ipynb #ecca3157
 from __future__ import annotations
-import contextlib, copy, json, math, os, queue, signal, sys, threading, time
+import contextlib, json, math, os, queue, signal, sys, threading, time
 from dataclasses import asdict
 from pathlib import Path
 import torch
@@ -16,7 +16,7 @@ from .moe import (expert_parallel, expert_groups, expert_shards, ep_sync_grads, 
                                  ep_consolidated, ep_shard_optimizer_states)
 from .optim import build_optimizers, lr_multiplier, apply_schedule
 from .evaluate import evaluate_sums, bpb
-from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line, HostSnapshot,
+from .resilience import (first_line, parse_faults, install_kernel_faults, preflight, preflight_line, HostSnapshot,
                                        time_limit, save_reserve_s)
 from . import ops, hw
 
@@ -200,8 +200,9 @@ class Clock:
         self.startup_ns = self.charged_ns = self._offset_ns = self.train_start_ns = self.syncs = 0
     def now_ns(self) -> int: return time.perf_counter_ns()
     def start(self, resumed_ns: int = 0, train_start_ns: int | None = None):
-        """Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup beyond
-        the allowance. `train_start_ns`: where the schedule's fraction counts from (default: here; a resumed run's own)."""
+        """Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup
+        beyond the allowance. `train_start_ns`: where the schedule's fraction counts from (default: here; a resumed
+        run's own)."""
         now = self.now_ns()
         self.startup_ns = now - self.t0_ns
         self.charged_ns = resumed_ns + (max(0, self.startup_ns - self.allowance_ns) if self.mode == "wall" else 0)
@@ -212,8 +213,9 @@ class Clock:
         the budget less `reserve_ns` (the final save's) — spent by then. Start-up never eats the warm-up."""
         return (self.charged_ns - self.train_start_ns + ahead_ns) / max(budget_ns - reserve_ns - self.train_start_ns, 1)
     def step_done(self, started_ns: int, sync: bool = True) -> int:
-        """Charge the step that began at `started_ns` (`wall`: everything up to now) and return its duration; with `sync`
-        after waiting for the device (finished work), without it as the host sees it (the device may still be busy)."""
+        """Charge the step that began at `started_ns` (`wall`: everything up to now) and return its duration; with
+        `sync` after waiting for the device (finished work), without it as the host sees it (the device may still be
+        busy)."""
         if sync:
             synchronize(self.device)
             self.syncs += 1
@@ -284,10 +286,6 @@ def _all_finite(model) -> bool:
     "One host read: are all of `model`'s parameters finite?"
     return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
 
-def _restore(model, opts, ck):
-    model.load_state_dict(ck["model"])
-    for o, s in zip(opts, ck["optimizers"]): o.load_state_dict(s)
-
 # %% ../nbs/30_train.ipynb #7945d88b
 class Prefetcher:
     "Iterate `source` up to `depth` items ahead in a background thread (`depth=0`: inline); `consumed` counts the items handed out."
@@ -347,9 +345,10 @@ def _truncate_metrics(path: Path, step: int):
     path.write_text("".join(keep))
 
 def rank_loader(paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
-    """(loader, this rank's batches). `data_sharding='rank'`: the rank reads every world-th document and packs its own
-    `batch_size` rows — the same distribution and global batch, a world-th of the host work. `'global'`: every rank packs
-    the whole global batch and keeps its rows — what one process would train on, row for row (for equality tests)."""
+    """(loader, this rank's batches). `data_sharding='rank'`: the rank reads every world-th document and packs its
+    own `batch_size` rows — the same distribution and global batch, a world-th of the host work. `'global'`: every
+    rank packs the whole global batch and keeps its rows — what one process would train on, row for row (for equality
+    tests)."""
     if tcfg.data_sharding == "rank":
         loader = PackedLoader(paths, enc, tcfg.batch_size, seq_len, rank=rank, world_size=world, seed=seed)
         return loader, loader
@@ -365,7 +364,7 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     "Resolve and check everything `train` needs; build the model, optimisers and loader; restore `resume.pt` when resuming."
     if steps is None and (budget_s is None or budget_s <= 0): raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
     if steps is not None and steps <= 0: raise ValueError(f"--steps {steps}: must be > 0")
-    faults = parse_faults(os.environ.get("NF_FAULT"))   # faults on purpose (tests); a bad NF_FAULT fails here, in one line
+    faults = parse_faults(os.environ.get("NF_FAULT"))   # faults on purpose (tests); a bad NF_FAULT fails here
     mcfg, tcfg = resolve(config, recipe, sets)
     train_paths, val_path = find_shards(data_dir)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else Path(data_dir) / "tokenizer"  # the kit keeps it apart
@@ -412,12 +411,12 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
 
 # %% ../nbs/30_train.ipynb #d8805852
 def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
-    """Run the warm-up steps and restore the initial weights and optimiser states; returns each warm-up step's
-    nanoseconds. With `compile=true` the compiling steps run under `compile_limit_s`: a compilation that fails or runs
-    past it leaves the run eager (`run.compile_info` says which and why)."""
+    """Run the warm-up steps and restore the initial weights and optimiser states, kept in `run.snapshot` (the first
+    state a rollback can return to); returns each warm-up step's nanoseconds. With `compile=true` the compiling steps
+    run under `compile_limit_s`: a compilation that fails or runs past it leaves the run eager (`run.compile_info` says
+    which and why)."""
     model, opts, tcfg = run.model, run.opts, run.tcfg
-    snap = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "optimizers": copy.deepcopy([o.state_dict() for o in opts])}
+    run.snapshot.take(model, opts, run.state["step"])
     probe = rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, run.seed + 10_000)[1]
     step = lambda: train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.world).item()
     warm_ns = []
@@ -429,19 +428,19 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
                     ts = time.perf_counter_ns()
                     step()
                     warm_ns.append(time.perf_counter_ns() - ts)
-            run.compile_info = {"used": True, "seconds": round((time.perf_counter_ns() - t0) / 1e9, 3), "reason": "compiled"}
+            seconds = round((time.perf_counter_ns() - t0) / 1e9, 3)
+            run.compile_info = {"used": True, "seconds": seconds, "reason": "compiled"}
         except Exception as e:   # a failed compilation, or one past its deadline: eager, from the initial state
-            why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
+            why = f"{type(e).__name__}: {first_line(e)}"
             run.compile_info = {"used": False, "seconds": round((time.perf_counter_ns() - t0) / 1e9, 3), "reason": why}
             run.loss_fn, warm_ns = model.loss, [time.perf_counter_ns() - t0]
-            for o in opts: o.zero_grad(set_to_none=True)
-            _restore(model, opts, copy.deepcopy(snap))
+            for o in opts: o.zero_grad(set_to_none=True)   # the eager step below only times; restored after it
             run.say(f"compilation abandoned after {run.compile_info['seconds']:.1f} s ({why}): the run is eager")
     if not tcfg.compile or not run.compile_info["used"]:
         t0 = time.perf_counter_ns()
         step()
         warm_ns.append(time.perf_counter_ns() - t0)
-    _restore(model, opts, snap)
+    run.snapshot.restore(model, opts)
     return warm_ns
 
 # %% ../nbs/30_train.ipynb #c4ef4be3
@@ -471,7 +470,7 @@ def save_checkpoints(run: Run, model_only: bool = False):
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
-SYNC_AHEAD = 3   # within this many predicted steps of the end (plus the steps still queued), every step waits for the device
+SYNC_AHEAD = 3   # within this many predicted steps of the end (plus those still queued) every step waits for the device
 
 def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_warmup: bool) -> str:
     "Why the last logged step calls for a rollback ('' when it does not)."
@@ -486,17 +485,19 @@ def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_
 def _roll_back(run: Run, problem: str) -> bool:
     "Put back the last finite state, lower the learning rate; False when no rollback is left (or there is no state)."
     tcfg = run.tcfg
-    if run.snapshot.step is None or len(run.rollbacks) >= tcfg.max_rollbacks: return False
+    if len(run.rollbacks) >= tcfg.max_rollbacks: return False
     run.snapshot.restore(run.model, run.opts)
     run.lr_scale *= tcfg.rollback_lr_factor
     run.nonfinite.zero_()
-    run.rollbacks.append({"step": run.state["step"], "to_step": run.snapshot.step, "why": problem, "lr_scale": run.lr_scale})
+    run.rollbacks.append({"step": run.state["step"], "to_step": run.snapshot.step, "why": problem,
+                          "lr_scale": run.lr_scale})
     run.say(f"rollback {len(run.rollbacks)}/{tcfg.max_rollbacks}: {problem}; back to the state of step "
             f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
     return True
 
 def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: float | None = None, bar=None) -> tuple[str, str, float]:
-    "Train until the steps are done, the budget is spent, a stop is asked for or no rollback is left; returns (status, why, last loss)."
+    """Train until the steps are done, the budget is spent, a stop is asked for or no rollback is left; returns
+    (status, why, last loss)."""
     tcfg, state, steps, dev, world = run.tcfg, run.state, run.steps, run.dev, run.world
     status, last_loss, why, strikes, best = "completed", float("nan"), "", 0, math.inf
     run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # device-side: any non-finite loss since the last read
@@ -524,10 +525,12 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
             if steps is not None and state["step"] >= steps: break
             if steps is None and not wd.fits(clock.charged_ns + run.reserve_ns, pred_ns): break
             if stop["set"]: status = "interrupted"; break
-            # the schedule at the middle of this step, counted from the first training step over the time left for training
-            # (of what is left, if the step is predicted to take longer): never the 0 at either end of the curve
-            frac = ((state["step"] + 0.5) / steps if steps is not None else clock.fraction(
-                wd.budget_ns, run.reserve_ns, min(state["last_step_ns"], wd.budget_ns - run.reserve_ns - clock.charged_ns) // 2))
+            # the schedule at the middle of this step, counted from the first training step over the time left for
+            # training (of what is left, if the step is predicted to take longer): never the 0 at either end
+            if steps is not None: frac = (state["step"] + 0.5) / steps
+            else:
+                left_ns = wd.budget_ns - run.reserve_ns - clock.charged_ns
+                frac = clock.fraction(wd.budget_ns, run.reserve_ns, min(state["last_step_ns"], left_ns) // 2)
             ts = clock.now_ns()
             loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, world, run.lr_scale,
                                 poison=run.faults.nan_at == state["step"] + 1, step=state["step"])
@@ -535,7 +538,8 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
             queued += 1
             check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
             # the device is waited for only where a decision needs finished work: log steps, and every step near the end
-            near_end = steps is None and not wd.fits(clock.charged_ns + run.reserve_ns, (queued + SYNC_AHEAD) * max(pred_ns, 1))
+            ahead_ns = (queued + SYNC_AHEAD) * max(pred_ns, 1)
+            near_end = steps is None and not wd.fits(clock.charged_ns + run.reserve_ns, ahead_ns)
             if check:
                 stats = torch.stack((loss_t, run.nonfinite.float()))
                 if world > 1: dist.all_reduce(stats); stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
@@ -553,16 +557,17 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
                 if _roll_back(run, problem):
                     strikes = 0
                     continue
-                status, why = "diverged", problem + (f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else "")
+                before = f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else ""
+                status, why = "diverged", problem + before
                 break
             best = min(best, last_loss)
-            since = state["step"] - (run.snapshot.step if run.snapshot.step is not None else -tcfg.snapshot_every)
-            if tcfg.snapshot_every and since >= tcfg.snapshot_every:   # a finite loss: copy the state
+            if tcfg.snapshot_every and state["step"] - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss: copy
                 if not agree_max([not _all_finite(run.model)], world, run.ctrl)[0]:   # (and its weights finite too)
                     run.snapshot.take(run.model, run.opts, state["step"])
             tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns - log_t0) / 1e9, 1e-9)
             rec = {"step": state["step"], "time_s": round(clock.charged_ns / 1e9, 4), "loss": last_loss,
-                   "lr_mult": round(lr_multiplier(frac, tcfg) * run.lr_scale, 5), "tokens": state["tokens"], "tok_s": round(tok_s, 1),
+                   "lr_mult": round(lr_multiplier(frac, tcfg) * run.lr_scale, 5), "tokens": state["tokens"],
+                   "tok_s": round(tok_s, 1),
                    "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world), "world_size": world, **run.model.moe_stats()}
             if mf: mf.write(json.dumps(rec) + "\n"); mf.flush()
             prog.update(rec, clock.charged_ns / 1e9)
@@ -574,7 +579,8 @@ def loop(run: Run, clock: Clock, wd: Watchdog, callback=None, ckpt_every_s: floa
     return status, why, last_loss
 
 def _update_reserve(run: Run, clock: Clock):
-    "In `wall` mode, keep free what the last write of model.pt took (rank 0 measured it; the loop shares it), or an estimate."
+    """In `wall` mode, keep free what the last write of model.pt took (rank 0 measured it; the loop shares it), or an
+    estimate."""
     if clock.mode != "wall" or run.steps is not None: return
     nbytes = sum(t.numel() * t.element_size() for t in run.model.state_dict().values())
     run.reserve_ns = max(run.reserve_ns, int(save_reserve_s(nbytes, run.save_s) * 1e9))
@@ -585,21 +591,17 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
     state, tcfg, world = run.state, run.tcfg, run.world
     overrun_ns = max(0, clock.charged_ns - wd.budget_ns) if run.steps is None else 0
     # the steps since the last read, and the last update, may have left non-finite weights: then the last finite state
-    unfinite = status == "crashed" or agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]
-    if (unfinite or status == "diverged") and run.snapshot.step is not None:
+    unfinite = status == "crashed" or agree_max([run.nonfinite.item() or not _all_finite(run.model)], world,
+                                                run.ctrl)[0]
+    if unfinite or status == "diverged":   # warm_up's snapshot at least: there always is a finite state to save
         if unfinite and status not in ("diverged", "crashed"):
             run.rollbacks.append({"step": state["step"], "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
                                   "why": f"non-finite loss or weights by step {state['step']}, at the end"})
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
-    elif unfinite and status != "diverged":
-        status, why = "diverged", f"non-finite loss or weights by step {state['step']}"
-    saved = run.snapshot.step is not None or not (unfinite or status == "diverged")
-    if not saved: run.say(f"diverged: {why}; nothing saved (lower the learning rate, e.g. --set lr=..., or keep grad_clip on)")
-    else:
-        save_checkpoints(run)
-        saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
-        gather_experts(run.model)  # expert parallelism: every rank the whole model again, to evaluate it
+    save_checkpoints(run)
+    saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
+    gather_experts(run.model)  # expert parallelism: every rank the whole model again, to evaluate it
     man = read_manifest(run.tok_dir)
     res = {"status": status, "steps": state["step"], "tokens": state["tokens"],
            "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
@@ -607,9 +609,10 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
            "budget_s": run.budget_s if run.steps is None else None, "budget_mode": clock.mode,
            "startup_allowance_s": clock.allowance_ns / 1e9, "max_step_s": max(wd.recent, default=0) / 1e9,
            "ckpt_s": state.get("ckpt_ns", 0) / 1e9, "ckpts": state.get("ckpts", 0),
-           "final_train_loss": last_loss, "diverged_because": why or None, "model_saved": saved,
-           "model_saved_at_s": saved_at_s if saved else None,
-           "kernels": run.kernels, "compile": run.compile_info, "rollbacks": run.rollbacks, "snapshots": run.snapshot.report(),
+           "final_train_loss": last_loss, "diverged_because": why or None, "model_saved": True,
+           "model_saved_at_s": saved_at_s,
+           "kernels": run.kernels, "compile": run.compile_info, "rollbacks": run.rollbacks,
+           "snapshots": run.snapshot.report(),
            "save_reserve_s": run.reserve_ns / 1e9, "last_save_s": run.save_s, "device_syncs": clock.syncs,
            "faults": asdict(run.faults) if run.faults else None,
            "loader_utilisation": round(run.loader.utilisation, 4), "device": str(run.dev), "hw": run.hwn, "seed": run.seed,
@@ -620,34 +623,35 @@ def finish(run: Run, clock: Clock, wd: Watchdog, warm_ns: list[int], status: str
     res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
-    if saved:
-        te = time.perf_counter_ns()
-        vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
-        dev = run.dev
-        # the scorer's own ops (load_for_eval pins PyTorch's): the printed val_bpb is computed as the organisers compute it,
-        # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
-        with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
-            sums = evaluate_sums(run.model, [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]], run.token_bytes.to(dev))  # this rank's share
-        if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
-        res["val_bpb"] = bpb(*sums.tolist())
-        if run.lead: res["unigram_bpb"] = unigram_bpb((b for _, b in zip(range(50), PackedLoader(run.train_paths, run.enc, 16, 512, seed=run.seed))),
-                                                      vb, run.token_bytes, run.enc.n_vocab)
-        res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
-        if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
+    te = time.perf_counter_ns()
+    vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
+    dev = run.dev
+    # the scorer's own ops (load_for_eval pins PyTorch's): the printed val_bpb is computed as the organisers compute it,
+    # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
+    with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
+        mine = [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]]   # this rank's share
+        sums = evaluate_sums(run.model, mine, run.token_bytes.to(dev))
+    if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
+    res["val_bpb"] = bpb(*sums.tolist())
+    if run.lead:
+        fit = (b for _, b in zip(range(50), PackedLoader(run.train_paths, run.enc, 16, 512, seed=run.seed)))
+        res["unigram_bpb"] = unigram_bpb(fit, vb, run.token_bytes, run.enc.n_vocab)
+    res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
+    if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
 
 # %% ../nbs/30_train.ipynb #6472fd73
 def run_preflight(run: Run) -> dict:
     "Check the ops that would run NKI kernels (`resilience.preflight`), apply the decisions to the ops table, say them."
     tcfg, dev = run.tcfg, run.dev
-    if not any(ops.resolve(op, dev, warn=False) == "nki" for op in ops.OPS): return {}   # no kernel here: nothing to check
+    if not any(ops.resolve(op, dev, warn=False) == "nki" for op in ops.OPS): return {}   # no kernel: nothing to check
     deadline = max(30.0, tcfg.preflight_frac * run.budget_s) if run.budget_s and run.steps is None else 120.0
-    x, y = next(iter(rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, run.seed + 20_000)[1]))
+    _, batches = rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, run.seed + 20_000)
+    x, y = next(iter(batches))
     agree = (lambda flags: agree_max(flags, run.world, run.ctrl)) if run.world > 1 else None
     decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
                           sync=lambda: synchronize(dev), agree=agree)
-    if refused := [op for op, d in decisions.items() if d["backend"] == "torch"]:
-        ops.set_backend(",".join(f"{op}={'torch' if op in refused else b}" for op, b in ops._state["spec"].items()))
+    ops.pin_backends({op: "torch" for op, d in decisions.items() if d["backend"] == "torch"})
     if decisions: run.say(preflight_line(decisions))
     return decisions
 
@@ -670,15 +674,14 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         mode = budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
         clock = Clock(run.dev, mode, startup_allowance_s, t0)
         if run.faults.startup_delay_s: time.sleep(run.faults.startup_delay_s)   # NF_FAULT=startup-delay:S
-        if run.tcfg.preflight: run.kernels = run_preflight(run)   # a kernel is used only when it runs, matches, is not slower
+        if run.tcfg.preflight: run.kernels = run_preflight(run)   # a kernel only if it runs, matches, is not slower
         run.say(f"{config}: {run.mcfg.n_params()/1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, device {run.dev}"
                 f"{f' x {run.world} processes' if run.world > 1 else ''}, ops {ops.backend_table(run.dev)}, "
                 f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.tcfg.dtype}{', compiled' if run.tcfg.compile else ''}, "
                 f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}")
         if resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")
-        warm_ns = warm_up(run, run.tcfg.compile_frac * budget_s if steps is None else None)
-        run.snapshot.take(run.model, run.opts, run.state["step"])   # the initial state: finite, a rollback's first target
-        if mode == "wall" and steps is None and not resume:   # a finite model.pt from the start; its write time is measured
+        warm_ns = warm_up(run, run.tcfg.compile_frac * budget_s if steps is None else None)   # takes the first snapshot
+        if mode == "wall" and steps is None and not resume:   # a finite model.pt from the start, its write timed
             save_checkpoints(run, model_only=True)
             _update_reserve(run, clock)
         clock.start(run.state["train_ns"], run.state.get("train_start_ns"))
@@ -690,7 +693,7 @@ def train(config: str = "cpu-tiny", data_dir: str | Path = "data/cache/pydocs", 
         else: run.state["last_step_ns"] = warm_ns[-1]
         try: status, why, last_loss = loop(run, clock, wd, callback, ckpt_every_s, bar)
         except Exception as e:   # whatever happened, the last finite state is saved and scored (finish)
-            status, why, last_loss = "crashed", f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}", float("nan")
+            status, why, last_loss = "crashed", f"{type(e).__name__}: {first_line(e, 200)}", float("nan")
             run.say(f"crashed in training: {why}")
         res = finish(run, clock, wd, warm_ns, status, why, last_loss)
         if run.world > 1: dist.barrier(group=run.ctrl)  # no rank tears the group down while another still uses it

@@ -36,6 +36,13 @@ def rotate(x, cos, sin):
     return torch.cat([x1 * cos + x2 * sin, x2 * cos - x1 * sin], dim=-1)
 
 
+def rotary(seq_len, head_dim):
+    "fp32 cos and sin tables [1, T, 1, head_dim/2] (base 10000)."
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+
+
 def window_mask(T, window, device=None):
     "Boolean [T, T]: query i may look at key j when 0 ≤ i − j ≤ window."
     i = torch.arange(T, device=device)[:, None]
@@ -88,10 +95,8 @@ class KitGPT(nn.Module):
         windows = [seq_len if pattern[i % len(pattern)] == "L" else seq_len // 2 for i in range(n_layer)]
         windows[-1] = seq_len
         self.windows = windows
-        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-        freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
-        # the kit keeps its rotary tables in bf16
-        self.cos, self.sin = freqs.cos().bfloat16()[None, :, None, :], freqs.sin().bfloat16()[None, :, None, :]
+        cos, sin = rotary(seq_len, self.head_dim)
+        self.cos, self.sin = cos.bfloat16(), sin.bfloat16()   # the kit keeps its rotary tables in bf16
         if bf16_tables:
             self.wte.to(torch.bfloat16)
             for table in self.value_embeds.values():

@@ -279,7 +279,7 @@ def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=No
     return N, d, V, vs
 
 def _matmul_dtype(h):
-    "The kernels' one matmul dtype for hidden states `h`: autocast's while it is on (bf16), else h's own; fp32 for others."
+    "The kernels' one matmul dtype for hidden states `h`: autocast's while on (bf16), else h's own; fp32 for others."
     dt = ops.kernel_dtype(h)
     return dt if dt in (torch.float32, torch.bfloat16) else torch.float32
 

@@ -192,13 +192,14 @@ def bwd_chunk(d: int, itemsize: int, lnc: int = 1) -> int:
     return RES_BUDGET // (d * (2 * itemsize + 4)) * P * lnc
 
 def swiglu_forward(x2, wg, wu, launch):
-    "h = silu(x2 wgᵀ) ⊙ (x2 wuᵀ) by `launch` (swiglu_fwd_kernel launched on some cores), in blocks of F columns if SBUF requires."
+    "h = silu(x2 wgᵀ) ⊙ (x2 wuᵀ) by `launch` (swiglu_fwd_kernel on some cores), in blocks of F columns if SBUF needs."
     fb = fwd_block(x2.shape[1], wg.shape[0], x2.element_size())
     hs = [launch(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous()) for f0 in range(0, wg.shape[0], fb)]
     return hs[0] if len(hs) == 1 else torch.cat(hs, 1)
 
 def swiglu_backward(x2, wg, wu, dh2, launch, lnc):
-    "(dx, dw_gate, dw_up) by `launch` (swiglu_bwd_kernel on `lnc` cores), in chunks of tokens if SBUF requires; fp32 dW summed."
+    """(dx, dw_gate, dw_up) by `launch` (swiglu_bwd_kernel on `lnc` cores), in chunks of tokens if SBUF requires; fp32
+    dW summed."""
     nb = bwd_chunk(x2.shape[1], x2.element_size(), lnc)
     dxs, dwg, dwu = [], 0, 0
     for r0 in range(0, x2.shape[0], nb):
