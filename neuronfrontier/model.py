@@ -95,21 +95,21 @@ class GPT(nn.Module):
         self.cfg = cfg.validate()
         if kernels is not None: ops.parse_backend(kernels)  # fail early on a bad spec
         self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
-        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model)
+        # the token and value-embedding tables are created in their storage dtype (bf16: the kit), not cast afterwards:
+        # a cast swaps the parameter, which a FakeTensor model (the rehearsal's memory trace) refuses
+        table_dtype = torch.bfloat16 if cfg.embed_dtype == "bf16" else None
+        self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model, dtype=table_dtype)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains)
         self.norm_e = RMSNorm(cfg.d_model, cfg.norm_eps, gain=False) if cfg.embed_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
-        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.padded_vocab, cfg.d_attn)
+        self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.padded_vocab, cfg.d_attn, dtype=table_dtype)
                                            for i in range(cfg.n_layers) if cfg.has_ve(i)})
         if cfg.layer_scalars:
             self.resid_lambdas, self.x0_lambdas = nn.Parameter(torch.ones(cfg.n_layers)), nn.Parameter(torch.ones(cfg.n_layers))
         self._rope = {}
         self.reset_parameters()
-        if cfg.embed_dtype == "bf16":   # tables stored in bf16 (the kit); their rows are cast where they are used
-            self.wte.to(torch.bfloat16)
-            self.value_embeds.to(torch.bfloat16)
 
     @torch.no_grad()
     def reset_parameters(self):

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_ops.ipynb #f6700fe9
 from __future__ import annotations
-import contextlib, functools, importlib, warnings
+import contextlib, importlib, warnings
 import torch
 import torch.nn.functional as F
 
@@ -168,9 +168,9 @@ def attention_torch(q, k, v, causal=True, window=None):
     if window is None: return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 
-@functools.lru_cache(maxsize=8)   # one mask per (length, window, device), not one per call
 def window_mask(T: int, window: int, device=None) -> torch.Tensor:
-    "[T, T] boolean: True where query i may see key j, 0 ≤ i − j ≤ window."
+    """[T, T] boolean: True where query i may see key j, 0 ≤ i − j ≤ window. Built at each call: O(T²) booleans next to
+    the attention's O(B·H·T²·d); a cache across calls would hold tensors of one device or one FakeTensor mode."""
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(T, device=device)[None, :]
     return (j <= i) & (i - j <= window)

@@ -155,3 +155,13 @@ def test_muon_in_the_ema_form_is_the_kits_momentum():
         muon_update([theirs], state, 0.04, mu, 0.2)
         torch.testing.assert_close(opt.state[ours]["momentum_buffer"], state["buf"][0], rtol=1e-6, atol=1e-7)
     assert (ours - theirs).abs().max() < 0.02 * ours.abs().max()     # the weights: bf16 rounding of the update only
+
+
+def test_the_kit_model_traces_on_fake_tensors():
+    """The rehearsal plans a submission's memory on FakeTensors: a kit model (bf16 embedding tables) must build and
+    step there too, at dense-124m's shapes (`export --config dense-124m --recipe kit` failed: `Couldn't swap
+    Embedding.weight`)."""
+    from neuronfrontier.rehearsal import traced_memory, package_namespace
+    m, t = resolve("dense-124m", "kit", ["batch_size=1"])
+    mem = traced_memory(package_namespace(), m, t, steps=1)
+    assert mem["train step"]["total"] > m.n_params() * 4   # at least the fp32 weights
