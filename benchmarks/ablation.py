@@ -30,6 +30,10 @@ VARIANTS = {
     "frontier + polar_express": FRONTIER + ["ns_coeffs=polar_express"],
     "frontier + cautious_wd": FRONTIER + ["weight_decay=0.2", "cautious_wd=true"],
     "frontier + lr_width_scale": FRONTIER + ["lr_width_scale=true"],
+    # the kit's recipe (the default of cpu-tiny and dense-124m, `config.DEFAULT_RECIPE`) and changes to it
+    "default": [],
+    "kit": ["recipe=kit"],
+    "kit + heads of 64": ["recipe=kit", "n_heads=4", "d_head=64"],
 }
 RECIPE_VARIANTS = ["baseline", "frontier", "frontier - muon (adamw)", "frontier - qk_norm", "frontier - wsd (cosine)"]
 

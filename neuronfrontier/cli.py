@@ -20,8 +20,8 @@ DEFAULT_DATA = {"embedded": "data/cache/pydocs", "climbmix": "data/climbmix"}
 
 def _run_flags(p):
     p.add_argument("--config", default="cpu-tiny", help="model preset (see `neuronfrontier info`)")
-    p.add_argument("--recipe", default=None, help="named bundle of overrides: frontier (the default settings), "
-                   "baseline, kit (the competition kit's baseline), kit-eval")
+    p.add_argument("--recipe", default=None, help="named bundle of overrides: kit (the competition kit's baseline; "
+                   "the default of dense-124m and cpu-tiny), frontier (the other presets' default), baseline, kit-eval")
     p.add_argument("--budget", type=float, default=300.0, help="charged training seconds (default 300)")
     p.add_argument("--steps", type=int, default=None, help="train exactly N steps instead of a time budget")
     p.add_argument("--seed", type=int, default=0)
@@ -66,13 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, help="runs at the same time")
     p.add_argument("--threads", type=int, default=None, help="threads per run (default: CPUs / jobs); runs are pinned to their cores")
     p.add_argument("--reference", default=None, help="setting to report every other's Δ val_bpb against")
-    p = sub.add_parser("info", help="presets, parameter counts, FLOPs per token, tile check")
-    p.add_argument("--config", default=None); p.add_argument("--set", dest="sets", action="append", default=[])
+    p = sub.add_parser("info", help="presets, parameter counts, FLOPs per token, tile check; "
+                                    "with --config: where each training setting comes from")
+    p.add_argument("--config", default=None)
+    p.add_argument("--recipe", default=None)
+    p.add_argument("--set", dest="sets", action="append", default=[])
     p = sub.add_parser("export", help="write a competition submission: a self-contained train.py, launch.txt, README.md")
     p.add_argument("--config", default="dense-124m", help="model preset baked into train.py (default dense-124m)")
     p.add_argument("--recipe", default=None); p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--nproc", type=int, default=8, help="processes in the launch line: 8 (LNC 1) or 4 (LNC 2) is the whole chip; 1 allowed")
-    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG of the launch line: 1 or 2")
+    p.add_argument("--nproc", type=int, default=8,
+                   help="processes in the launch line: 8 (LNC 1, the default; see 60_recipe) or 4 (LNC 2); 1 allowed")
+    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG of the launch line: 1 (default) or 2")
     p.add_argument("--data", default=None, help="default --data of train.py (default: the kit's ~/.cache/autoresearch/data)")
     p.add_argument("--tokenizer", default=None, help="default --tokenizer of train.py (default: DATA/tokenizer with --data, else the kit's)")
     p.add_argument("--out", required=True, help="directory to write the submission into")
@@ -269,17 +273,21 @@ def _check(a) -> int:
     return 0 if all(ok for _, ok, _ in rows) else 1
 
 def _info(a) -> int:
-    from neuronfrontier.config import CONFIGS, resolve
+    from neuronfrontier.config import CONFIGS, resolve, recipe_names, setting_sources
     names = [a.config] if a.config else list(CONFIGS)
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
           f"layers x d_model (heads x d_head), MLP, seq  tiles")
     for n in names:
-        m, _ = resolve(n, None, a.sets)
+        m, _ = resolve(n, a.recipe, a.sets)
         mlp = (f"{m.n_experts} experts x {m.d_expert} top-{m.top_k}" + (f" +{m.n_shared_experts} shared" if m.n_shared_experts else "")
                if m.n_experts else f"{m.d_mlp}")
         print(f"{n:12s} {m.n_params()/1e6:8.2f}M {m.n_params(active=True)/1e6:8.2f}M {m.n_params(False)/1e6:8.2f}M "
               f"{m.flops_per_token()/1e6:10.1f}  {m.n_layers} x {m.d_model} ({m.n_heads} x {m.d_head}), {mlp}, {m.seq_len}  "
               f"ok (multiples of 128)")
+    if a.config:   # one preset: where each of its training settings comes from
+        recipes = " + ".join(recipe_names(a.config, a.recipe)) or "none"
+        print(f"\nrecipe: {recipes}; training settings and their sources:")
+        for k, v, src in setting_sources(a.config, a.recipe, a.sets): print(f"  {k:20s} {v!s:>14}  {src}")
     return 0
 
 def _dashboard(a) -> int:

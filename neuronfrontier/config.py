@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'pad_to', 'ModelConfig', 'TrainConfig',
-           'validate_train', 'apply_overrides', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
+           'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig',
+           'validate_train', 'rank_batch', 'apply_overrides', 'recipe_names', 'resolve', 'config_dict',
+           'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -173,6 +175,9 @@ class TrainConfig:
     "Optimisation and run settings; every field can be overridden with `--set key=value`."
     batch_size: int = 16        # sequences per micro-batch (per rank)
     grad_accum: int = 1         # micro-batches per optimizer step
+    global_batch_tokens: int = 0  # tokens per optimizer step over all ranks; > 0: batch_size is the largest
+                                  # micro-batch and grad_accum follows from the world size (`rank_batch`);
+                                  # 0: batch_size × grad_accum rows on every rank, whatever their number
     optim: str = "muon"         # 'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'
     lr: float = 3e-3            # AdamW lr for block weights (when optim='adamw')
     embed_lr: float = 3e-3      # AdamW lr for the token embedding
@@ -253,6 +258,9 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if not 0 < t.rollback_lr_factor <= 1:
         raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
     if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
+    if t.global_batch_tokens < 0:
+        raise ValueError(f"global_batch_tokens={t.global_batch_tokens} must be >= 0 "
+                         "(0: batch_size x grad_accum rows per rank)")
     if t.muon_momentum_steps < 0:
         raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
     if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
@@ -269,7 +277,7 @@ CONFIGS: dict[str, ModelConfig] = {
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
-    "dense-124m": TrainConfig(batch_size=16, dtype="bf16", eval_seq_len=2048),
+    "dense-124m": TrainConfig(batch_size=16, global_batch_tokens=8 * 16 * 2048, dtype="bf16", eval_seq_len=2048),
     "cpu-tiny": TrainConfig(batch_size=8, dtype="bf16", embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
     "cpu-micro": TrainConfig(batch_size=2),
 }
@@ -279,6 +287,21 @@ CONFIGS["moe-180m"] = replace(CONFIGS["dense-124m"], n_experts=8, top_k=2, d_exp
 CONFIGS["cpu-tiny-moe"] = replace(CONFIGS["cpu-tiny"], n_experts=8, top_k=2, d_expert=384)
 TRAIN_DEFAULTS["moe-180m"] = replace(TRAIN_DEFAULTS["dense-124m"])
 TRAIN_DEFAULTS["cpu-tiny-moe"] = replace(TRAIN_DEFAULTS["cpu-tiny"])
+
+# %% ../nbs/01_config.ipynb #c2621198
+def rank_batch(t: TrainConfig, seq_len: int, world: int) -> TrainConfig:
+    """`t` with one of `world` ranks' micro-batch and accumulation: with `global_batch_tokens` G, G/(world·seq_len)
+    rows a rank and step, in micro-batches of the largest size <= `batch_size` that divides them; unchanged when
+    G = 0."""
+    G = t.global_batch_tokens
+    if not G: return t
+    rows, rest = divmod(G, world * seq_len)
+    if rest or not rows:
+        raise ValueError(f"global_batch_tokens={G} is not a positive multiple of {world} ranks × {seq_len} tokens; "
+                         f"use a multiple of {world * seq_len}, or launch another number of processes")
+    micro = min(t.batch_size, rows)
+    while rows % micro: micro -= 1   # the largest micro-batch that divides the rank's rows
+    return replace(t, batch_size=micro, grad_accum=rows // micro)
 
 # %% ../nbs/01_config.ipynb #cf979e66
 def _parse_value(key: str, raw: str, typ):
@@ -333,13 +356,23 @@ RECIPE_SHAPES: dict[str, callable] = {
     "kit": lambda m: dict(d_head=128, n_heads=max(1, m.d_model // 128), d_mlp=4 * m.d_model),
 }
 
-def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
-    "Preset `config` + optional recipe(s) (comma-separated) + `--set` overrides → validated (ModelConfig, TrainConfig)."
-    if config not in CONFIGS:
-        raise ValueError(f"unknown config {config!r}; choose one of: {', '.join(CONFIGS)}")
+BASE_RECIPES = ("baseline", "frontier", "kit")   # a run has one of these; others (kit-eval) modify it
+# the base recipe a preset trains with when a run names none: the best one measured for it (notebook 60_recipe)
+DEFAULT_RECIPE: dict[str, str] = {"dense-124m": "kit", "cpu-tiny": "kit"}
+
+def recipe_names(config: str, recipe: str | None = None) -> list[str]:
+    "The recipes a run of `config` applies, in order: the named ones (comma-separated) after the preset's default base."
     names = [r.strip() for r in (recipe or "").split(",") if r.strip()]  # recipes combine: "frontier,kit-eval"
     for r in names:
         if r not in RECIPES: raise ValueError(f"unknown recipe {r!r}; choose one of: {', '.join(RECIPES)}")
+    if config in DEFAULT_RECIPE and not any(r in BASE_RECIPES for r in names): names.insert(0, DEFAULT_RECIPE[config])
+    return names
+
+def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
+    "Preset `config` + recipe(s) (comma-separated; default: the preset's) + `--set` overrides → validated configs."
+    if config not in CONFIGS:
+        raise ValueError(f"unknown config {config!r}; choose one of: {', '.join(CONFIGS)}")
+    names = recipe_names(config, recipe)
     m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
     named = {s.split("=", 1)[0].strip() for s in sets or ()}
     for r in names:
@@ -355,3 +388,102 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:
     "JSON-able record of a run's configuration."
     return {"model": asdict(m), "train": asdict(t)}
+
+# %% ../nbs/01_config.ipynb #d88e1111
+KIT_SOURCE = "kit: karpathy/autoresearch train.py, tuned at d_model 768 by its authors"
+
+# the source of each TrainConfig field's default value
+FIELD_SOURCES: dict[str, str] = {
+    "batch_size": "runtime: sequences per micro-batch; the export's memory plan sets it (93_rehearsal)",
+    "grad_accum": "runtime: micro-batches per step (from global_batch_tokens when it is set)",
+    "global_batch_tokens": "runtime: 0 = batch_size x grad_accum rows on each rank",
+    "optim": "measured here: Muon ties AdamW on cpu-tiny and wins in the kit lineage (60_recipe, ablation table)",
+    "lr": "unused with optim=muon (AdamW's rate for block matrices; nanoGPT's 3e-3)",
+    "embed_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
+    "head_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
+    "scalar_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
+    "muon_lr": "modded-nanogpt's Muon rate; not tuned here",
+    "muon_momentum": "modded-nanogpt's momentum 0.95; the kit's too",
+    "muon_momentum_start": "modded-nanogpt's warm-up start 0.85; the kit's too",
+    "muon_momentum_warmup": "unused when muon_momentum_steps > 0; else a budget fraction, not tuned",
+    "muon_momentum_steps": "0: the ramp follows the budget (muon_momentum_warmup)",
+    "muon_ema": "off: Nesterov in modded-nanogpt's form",
+    "ns_coeffs": "quintic: modded-nanogpt's Newton-Schulz",
+    "normuon": "off unless a recipe sets it",
+    "weight_decay": "off unless a recipe sets it",
+    "cautious_wd": "off unless a recipe sets it",
+    "lr_width_scale": "off unless a recipe sets it",
+    "beta1": "AdamW's usual 0.9",
+    "beta2": "AdamW's 0.95, as nanoGPT",
+    "adam_eps": "AdamW's usual 1e-8",
+    "resid_lr_scale": "1: only the kit's layer scalars use it",
+    "x0_beta1": "None: beta1; only the kit's layer scalars use it",
+    "grad_clip": "nanoGPT's clip at 1.0",
+    "schedule": "measured here: WSD beat cosine by 0.063 bpb on cpu-tiny (60_recipe, ablation table)",
+    "warmup_frac": "choice: 2% warm-up, not tuned",
+    "cooldown_frac": "choice: 40% cool-down, not tuned",
+    "final_lr_frac": "WSD to zero",
+    "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere",
+    "dtype": "fp32 unless a preset sets bf16",
+    "compile": "runtime: eager; torch.compile is opt-in (compile_frac bounds it)",
+    "charge_warmup": "runtime: charged mode only; wall mode counts everything",
+    "eval_tokens": "measured here: a fixed 131,072-token evaluation so runs compare (the organisers score separately)",
+    "eval_seq_len": "rules: the scorer's rows are 2,048 tokens; CPU presets score 512",
+    "eval_batch_size": "runtime: rows per evaluation forward",
+    "eval_dtype": "runtime: fp32 evaluation",
+    "log_every": "runtime: steps between logged (synchronised) losses",
+    "prefetch": "runtime: batches packed ahead (30_train, profile table)",
+    "ep": "runtime: expert parallelism (MoE only)",
+    "data_sharding": "measured here: each rank packs its own rows, 0.123x the host CPU (benchmarks/loader.py)",
+    "preflight": "measured here: a kernel only if it runs, matches and is not slower (25_resilience)",
+    "preflight_frac": "choice: at most 5% of the budget for the preflight",
+    "compile_frac": "choice: at most 25% of the budget for compilation",
+    "snapshot_every": "measured here: a host copy every 50 steps (cost in result.json; 25_resilience)",
+    "max_rollbacks": "choice: rollbacks before the run stops with its last finite weights",
+    "rollback_lr_factor": "choice: halve the rate at each rollback",
+    "explode_factor": "choice: a logged loss 1.5x the best rolls back",
+}
+
+# settings a preset fixes itself, and why
+PRESET_SOURCES: dict[str, dict[str, str]] = {
+    "dense-124m": {
+        "batch_size": "measured here: the largest micro-batch; the export's memory plan fits it (93_rehearsal)",
+        "global_batch_tokens": "2^18 tokens a step on any launch shape (the kit's 2^19 is a GPU batch; 60_recipe)",
+        "dtype": "kit: bf16 autocast, as the kit trains (and trn2's matmul dtype)",
+        "eval_seq_len": "rules: the organisers score rows of 2,048 tokens",
+    },
+    "cpu-tiny": {
+        "batch_size": "measured here: batch 4 vs 8 within noise on cpu-tiny (60_recipe, screening sweeps)",
+        "dtype": "measured here: bf16 steps 1.5x faster on this CPU (60_recipe, profile table)",
+        "embed_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
+        "head_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
+    },
+}
+
+# notes on a recipe's values beyond "the recipe's value"
+_TRANSFER = ("; best at d_model 256 and 384 in the transfer sweep (60_recipe), whose rule would put it 1.4-4x lower "
+             "at 768: an extrapolation, not adopted")
+RECIPE_SOURCES: dict[str, dict[str, str]] = {
+    "kit": {k: KIT_SOURCE + _TRANSFER for k in ("embed_lr", "head_lr", "muon_lr")},
+}
+
+def setting_sources(config: str, recipe: str | None = None, sets=()) -> list[tuple[str, object, str]]:
+    "(field, value, source) of each `TrainConfig` field: from `--set`, else the last recipe, the preset, the default."
+    _, t = resolve(config, recipe, sets)
+    named = {s.split("=", 1)[0].strip() for s in sets or ()}
+    by_recipe = {}
+    for r in recipe_names(config, recipe):
+        for kv in RECIPES[r]: by_recipe[kv.split("=", 1)[0].strip()] = r
+    base, preset = TrainConfig(), TRAIN_DEFAULTS[config]
+    rows = []
+    for f in fields(TrainConfig):
+        k = f.name
+        if k in named: src = "yours: --set"
+        elif k in by_recipe:
+            r = by_recipe[k]
+            src = RECIPE_SOURCES.get(r, {}).get(k) or (KIT_SOURCE if r == "kit" else f"recipe {r}")
+        elif getattr(preset, k) != getattr(base, k) or k in PRESET_SOURCES.get(config, {}):
+            src = PRESET_SOURCES.get(config, {}).get(k, f"preset {config} (no source recorded)")
+        else: src = FIELD_SOURCES[k]
+        rows.append((k, getattr(t, k), src))
+    return rows

@@ -182,7 +182,8 @@ _KERNEL_CACHE: dict = {}
 
 def kernel_work(name: str, *shape) -> Work:
     """bf16 `Work` of one call (forward + backward) of the kernel `name` on one core, traced by `dry_run` and cached:
-    'attention' (rows, T, d_head), 'rmsnorm' (N, d), 'swiglu' (N, d, F), 'cross_entropy' (N, d, V, softcap), every vocabulary column real."""
+    'attention' (rows, T, d_head[, window]), 'rmsnorm' (N, d), 'swiglu' (N, d, F), 'cross_entropy' (N, d, V, softcap),
+    every vocabulary column real."""
     key = (name, *shape)
     if key in _KERNEL_CACHE: return _KERNEL_CACHE[key]
     import numpy as np
@@ -191,9 +192,11 @@ def kernel_work(name: str, *shape) -> Work:
     bf, f32 = (lambda *s: np.empty(s, nl.bfloat16)), (lambda *s: np.empty(s, np.float32))
     dry = lambda k, *a: Work.of(dry_run(k[1])(*a))
     if name == 'attention':
-        rows, T, dh = shape
-        w = (dry(A.flash_fwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh))
-             + dry(A.flash_bwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), bf(1, T, dh), f32(1, T, 1), f32(1, T, 1))) * rows
+        rows, T, dh, *window = shape                                 # window: keys before the query (absent: all)
+        win = window[0] if window and window[0] is not None else T
+        w = (dry(A.flash_fwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), 0, win)
+             + dry(A.flash_bwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), bf(1, T, dh), f32(1, T, 1),
+                   f32(1, T, 1), 0, win)) * rows
     elif name == 'rmsnorm':
         N, d = shape
         w = _affine(lambda n: dry(R.rmsnorm_fwd_kernel, bf(n, d), bf(1, d), 1e-6)
@@ -225,15 +228,17 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
     T = seq_len or cfg.seq_len
     N, d, L, H, dh, a, F, V = batch * T, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.d_attn, cfg.d_mlp, cfg.padded_vocab
     ew = elementwise_work
+    windows = [w if w is not None and w < T - 1 else None for w in cfg.windows]   # each layer's window at this T
     proj = [(N, d, a)] * 3 + [(N, a, d)]                          # q, k, v, o projections [M, K, N]
     mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
     layer = dict(
-        attention=(kernel_work('attention', batch * H, T, dh) + mm(proj)
+        attention=(mm(proj)
                    + ew(2 * N * a, ops=6) * 2                     # RoPE on q and k, forward and backward (fp32 math)
                    + ew(N * a) * 9                                # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
                    + ew(N * a, reads=2, writes=0, ops=2)          # D = rowsum(dO ⊙ O)
                    + (kernel_work('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work())),
-        MLP=kernel_work('swiglu', N, d, F) + mm([(N, F, d)]),
+        MLP=(kernel_work('swiglu', N, d, F) + mm([(N, F, d)]) if cfg.mlp == 'swiglu'
+             else mm([(N, d, F), (N, F, d)]) + ew(N * F, ops=2) * 2),   # relu2: relu(x)² and its gradient
         norms=kernel_work('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4)   # two residual adds forward, two gradient sums backward
     P_mat, P_all = sum(m * n for m, n in muon_shapes(cfg)), cfg.n_params()   # block matrices; all parameters
     if optim == 'muon':
@@ -245,7 +250,9 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
     else:
         opt, coll = ew(P_all, reads=4, writes=3, itemsize=4, ops=10), collective_work(4 * P_all, world)
     works = {'embedding': ew(N * d, itemsize=4) + ew(N * d, reads=2, itemsize=4),   # gather; scatter-add of the gradient
-             'attention': layer['attention'] * L, 'MLP': layer['MLP'] * L,
+             'attention': layer['attention'] * L
+                          + sum((kernel_work('attention', batch * H, T, dh, w) for w in windows), Work()),
+             'MLP': layer['MLP'] * L,
              'norms & residual': layer['norms'] * L + kernel_work('rmsnorm', N, d),
              'loss': kernel_work('cross_entropy', N, d, V, float(cfg.softcap)),
              'optimizer': opt, 'collectives': coll}

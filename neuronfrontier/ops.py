@@ -131,11 +131,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if window is None or window >= T - 1:
         return _call("attention", q, k, v, causal=causal)
     if not causal: raise ValueError(f"window={window} needs causal attention")
-    backend = resolve("attention", q.device, warn=False)
-    if backend != "torch":   # the NKI kernels do not skip tiles outside a window yet
-        _warn_once(("window", backend),
-                   f"ops.attention: window={window} runs the torch op; the {backend!r} kernel has no window")
-    return _IMPLS["attention"]["torch"](q, k, v, causal=True, window=window)
+    return _call("attention", q, k, v, causal=True, window=window)   # every backend takes the window
 
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:

@@ -199,6 +199,7 @@ def _rehearse_here(args: dict, log=print) -> dict:
     limit = int(args["hbm"] * (1 - args["margin"]))
     if args.get("plan"): return _plan_here(train, standin, nproc, limit, log)
     mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, train.SETS)
+    tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)   # the rows one of `nproc` ranks trains
     mem, backends, failed = _trace_step(train, standin, mcfg, tcfg, nproc, set(), log)
     bf16 = {"train step": tcfg.dtype == "bf16", "evaluation": tcfg.eval_dtype == "bf16"}
     for c in standin.calls:
@@ -221,11 +222,13 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     `limit` both with the kernels and with every op on PyTorch (the fallback a kernel failing on the chip would need).
     The evaluation's memory does not depend on it; the rehearsal checks that."""
     mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, train.SETS)
+    tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)   # one of `nproc` ranks' rows, fixed by the global batch
     rows = tcfg.batch_size * tcfg.grad_accum
     tried = []
     for b in [b for b in range(rows, 0, -1) if rows % b == 0]:
         sets = [*train.SETS, f"batch_size={b}", f"grad_accum={rows // b}"]
         m, t = train.resolve(train.CONFIG, train.RECIPE, sets)
+        t = train.rank_batch(t, m.seq_len, nproc)
         peak = {}
         for path, torch_ops in (("torch", set(train._IMPLS)), ("kernels", set())):
             mem = _trace_step(train, standin, m, t, nproc, torch_ops, log)[0]

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from .config import ModelConfig, TrainConfig, resolve, config_dict
+from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict
 from .data import find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader, val_batches, unigram_bpb
 from .model import GPT
 from .moe import (expert_parallel, expert_groups, expert_shards, ep_sync_grads, ep_clip_grad_norm_, gather_experts,
@@ -376,6 +376,7 @@ def setup(config: str, data_dir, out_dir, steps=None, budget_s=None, seed: int =
     if resume and not rs_path.exists(): raise ValueError(f"--resume: no {rs_path.name} in {out}; run without --resume first")
     ck = load_resume(rs_path, mcfg) if resume else None  # a truncated or corrupt resume.pt fails here, naming the file
     dev, rank, world, ctrl, owned = init_distributed(device)
+    tcfg = rank_batch(tcfg, mcfg.seq_len, world)   # global_batch_tokens: this rank's micro-batch and accumulation
     lead = rank == 0  # rank 0 alone writes and prints
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)

@@ -67,7 +67,7 @@ def _corrupt(tmp_path, pydocs):
 @pytest.mark.parametrize("args,expect", [
     (["speedrun", "--config", "gpt-9000"], "unknown config 'gpt-9000'"),
     (["train", "--set", "d_model=700"], "d_model=700 is not a multiple of 128; nearest aligned values: 640 or 768"),
-    (["train", "--set", "n_heads=3"], "n_heads*d_head=192 is not a multiple of 128"),
+    (["train", "--set", "n_heads=3", "--set", "d_head=64"], "n_heads*d_head=192 is not a multiple of 128"),
     (["train", "--data", "{tmp}/missing"], "does not exist; run `neuronfrontier prepare"),
     (["train", "--data", "{corrupt}"], "is not a readable parquet file"),
     (["speedrun", "--budget", "0"], "--budget 0: must be > 0"),

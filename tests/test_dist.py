@@ -156,3 +156,20 @@ def test_sigterm_on_the_launcher_stops_both_ranks_interrupted_with_a_checkpoint(
     res = json.loads((out / "result.json").read_text())
     assert res["status"] == "interrupted" and 2 <= res["steps"] < 20 and res["world_size"] == 2
     assert torch.load(out / "resume.pt", weights_only=True)["state"]["step"] == res["steps"]
+
+
+def test_global_batch_is_the_same_on_any_launch_shape(pydocs, tmp_path):
+    "`global_batch_tokens`: 1 process accumulates what 2 processes split; the tokens a step and the schedule agree."
+    res = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"n{nproc}"
+        r = cli("train", "--config", "cpu-micro", "--steps", "4", "--nproc", nproc, "--data", pydocs, "--out", out,
+                "--set", "global_batch_tokens=2048", "--set", "batch_size=4", "--set", "log_every=1", *FAST)
+        assert r.returncode == 0, r.stderr[-3000:]
+        res[nproc] = json.loads((out / "result.json").read_text())
+        res[nproc]["lrs"] = [json.loads(l)["lr_mult"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    for k in ("global_batch", "tokens", "steps", "lrs"): assert res[1][k] == res[2][k], (k, res[1][k], res[2][k])
+    assert res[1]["global_batch"] == 4   # 2048 tokens of 512-token rows, whether 1 × 4 or 2 × 2
+    bad = cli("train", "--config", "cpu-micro", "--steps", "1", "--nproc", 2, "--data", pydocs, "--out", tmp_path / "bad",
+              "--set", "global_batch_tokens=512", *FAST)
+    assert bad.returncode != 0 and "global_batch_tokens=512 is not a positive multiple" in bad.stderr + bad.stdout

@@ -193,15 +193,91 @@ def test_dry_run_counts_the_kernels_exactly():
             assert getattr(full, f) == getattr(dry, f), f
 
 
-def test_dense_124m_instructions_stay_below_the_compiler_limit():
-    "The resident kernels at T = 2,048, 16 x 12 heads on 2 logical cores: 96 rows per core, each row's program identical."
+@pytest.mark.parametrize("d,heads,window", [(64, 12, None), (128, 6, None), (128, 6, 1024)])
+def test_dense_124m_instructions_stay_below_the_compiler_limit(d, heads, window):
+    """The resident kernels at T = 2,048, 16 x `heads` rows on 2 logical cores (the frontier recipe's heads of 64, the
+    kit's of 128, full and windowed): each core's program, one row's times its rows, stays under 10% of the limit."""
     from neuronfrontier.hw import INSTRUCTION_LIMIT
     if REAL_NKI: pytest.skip("Trace needs the emulator")
     bf = lambda *s: np.empty(s, nl.bfloat16)
     f32 = lambda *s: np.empty(s, np.float32)
-    T, d, rows = 2048, 64, 16 * 12 // 2
-    fwd = traffic(flash_fwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), dry=True)
-    bwd = traffic(flash_bwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), bf(2, T, d), f32(2, T, 1), f32(2, T, 1), dry=True)
+    T, rows, W = 2048, 16 * heads // 2, window or 2048
+    fwd = traffic(flash_fwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), 0, W, dry=True)
+    bwd = traffic(flash_bwd_kernel[2], bf(2, d, T), bf(2, d, T), bf(2, T, d), bf(2, T, d), f32(2, T, 1), f32(2, T, 1),
+                  0, W, dry=True)
     for t in (fwd, bwd):
         per_row = t.max_program_instructions          # one row per core
         assert per_row * rows < INSTRUCTION_LIMIT / 10, per_row * rows
+
+
+def _window_grads(q, k, v, do, window, backend):
+    "Output and q, k, v gradients of ops.attention(window=...) on `backend` (torch: SDPA with the window mask)."
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    with ops.use_backend(f"attention={backend}"):
+        y = ops.attention(*xs, window=window)
+    y.backward(do)
+    return [y.detach()] + [x.grad for x in xs]
+
+
+@pytest.mark.parametrize("B,H,T,d,W,dtype", [
+    (1, 2, 640, 64, 256, torch.float32),    # window on a tile boundary: whole key tiles skipped
+    (2, 1, 768, 128, 200, torch.float32),   # off a boundary: masks at the window's edge
+    (1, 1, 384, 64, 50, torch.float32),     # smaller than a tile
+    (1, 2, 512, 128, 256, torch.bfloat16),  # the kit's T/2 in bf16
+])
+def test_window_matches_masked_sdpa(B, H, T, d, W, dtype):
+    "ops.attention(window=W) through the NKI kernels: output and gradients of fp32 SDPA with the window mask."
+    g = torch.Generator().manual_seed(T + W)
+    q, k, v, do = (torch.randn(B, H, T, d, generator=g).to(dtype) for _ in range(4))
+    got = _window_grads(q, k, v, do, W, "nki-sim")
+    ref = _window_grads(*(x.float() for x in (q, k, v, do)), W, "torch")
+    for a, b in zip(got, ref):
+        assert (a.float() - b).abs().max() / b.abs().max() < TOL[dtype]
+
+
+def test_window_reaches_the_kernels():
+    "A windowed call runs the kernels (not a torch fallback) and they skip the tiles outside the window."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    q, k, v = (torch.randn(1, 1, 1024, 64, requires_grad=True) for _ in range(3))
+    with ops.use_backend("attention=nki-sim"):
+        y = ops.attention(q, k, v, window=512)
+    fwd = last_trace().instructions
+    y.sum().backward()
+    bwd = last_trace().instructions
+    n, w = 1024 // 128, 512 // 128
+    pairs = n * (w + 1) - w * (w + 1) // 2        # (query, key) tile pairs inside the window: 26 of the causal 36
+    assert fwd["nc_transpose"] == pairs           # one Pᵀ per 128-key chunk
+    assert bwd["nc_matmul"] == 5 * pairs          # S, dV, dP, dK, dQ per pair
+    assert bwd["affine_select"] == n + (n - w)    # diagonal pairs, and pairs straddling the window's edge
+
+
+def test_window_through_the_custom_op_stand_in(fake_torch_neuronx):
+    "The `nki` backend passes the window to both custom ops (forward and the registered backward)."
+    assert _register_nki(fake_torch_neuronx)
+    try:
+        g = torch.Generator().manual_seed(3)
+        q, k, v, do = (torch.randn(1, 2, 384, 64, generator=g) for _ in range(4))
+        got = _window_grads(q, k, v, do, 128, "nki")
+        ref = _window_grads(q, k, v, do, 128, "torch")
+        for a, b in zip(got, ref): torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    finally:
+        ops._IMPLS["attention"].pop("nki", None)
+
+
+def test_window_at_the_kit_dense_124m_shape():
+    """The production call of a short layer of `dense-124m --recipe kit`: T = 2048, heads of 128, W = T/2, bf16 as
+    autocast gives it, forward and backward against fp32 SDPA with the window mask."""
+    from neuronfrontier.config import resolve
+    m, _ = resolve("dense-124m", "kit")
+    T, d, W = m.seq_len, m.d_head, m.windows[0]
+    assert (T, d, W) == (2048, 128, 1024)
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 1, T, d, generator=g) for _ in range(4))
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    with ops.use_backend("attention=nki-sim"), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.attention(*xs, window=W)
+    assert y.dtype == torch.bfloat16
+    y.float().backward(do)
+    ref = _window_grads(*(x.bfloat16().float() for x in (q, k, v)), do, W, "torch")
+    for a, b in zip([y.detach()] + [x.grad for x in xs], ref):
+        assert (a.float() - b).abs().max() / b.abs().max() < TOL[torch.bfloat16]

@@ -165,3 +165,26 @@ def test_the_kit_model_traces_on_fake_tensors():
     m, t = resolve("dense-124m", "kit", ["batch_size=1"])
     mem = traced_memory(package_namespace(), m, t, steps=1)
     assert mem["train step"]["total"] > m.n_params() * 4   # at least the fp32 weights
+
+
+def test_gpu_benchmark_without_a_gpu_says_so_and_exits_0():
+    "`benchmarks/gpu_124m.py` needs a CUDA device; on a CPU machine it measures nothing, says so and succeeds."
+    import subprocess, sys
+    from pathlib import Path
+    if torch.cuda.is_available(): pytest.skip("a GPU is present: the benchmark would train")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_124m.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "no CUDA device" in r.stdout, r.stdout + r.stderr
+
+
+def test_dense_124m_and_cpu_tiny_train_the_kits_recipe_by_default():
+    "The presets users submit and speedrun train the kit's recipe unless a run names another base recipe."
+    for config in ("dense-124m", "cpu-tiny"):
+        assert resolve(config) == resolve(config, "kit")
+        assert resolve(config, "frontier")[0].mlp == "swiglu"   # the engine's own recipe stays one flag away
+    from neuronfrontier.config import setting_sources, KIT_SOURCE, RECIPES
+    kit_keys = {kv.split("=", 1)[0] for kv in RECIPES["kit"]}
+    rows = setting_sources("dense-124m")
+    from_kit = {k for k, _, src in rows if src.startswith(KIT_SOURCE)}
+    assert from_kit <= kit_keys
+    assert {"muon_lr", "embed_lr", "head_lr", "scalar_lr", "weight_decay", "cooldown_frac"} <= from_kit

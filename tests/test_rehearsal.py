@@ -109,7 +109,7 @@ def test_an_op_that_escapes_autocast(micro, tmp_path):
 def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
     """The backward as the previous release launched it — every token of the rank in one call — at d_model 768
     (dense-124m's width) and 4,096 tokens a rank: its own SBUF precondition refuses it; the rehearsal names it."""
-    d = S.export("cpu-tiny", tmp_path / "wide", sets=["d_model=768"], fit=False)
+    d = S.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
     chunked = "        return swiglu_backward(x, wg.to(x.dtype), wu.to(x.dtype), dh, launch, lnc)   # dW: fp32 sums\n"
     whole = ("        dx, g, u = swiglu_bwd_kernel[lnc](x, wg.to(x.dtype), wu.to(x.dtype), dh)\n"   # directly, as then
              "        return dx, g.sum(0), u.sum(0)\n")

@@ -62,11 +62,13 @@ def _tiles(x):
     T, n = x.shape
     return x.reshape((T // P, P, n)).permute((1, 0, 2))
 
-def _fwd_head(qT, kT, v, o, lse, resident):
+def _fwd_head(qT, kT, v, o, lse, resident, window=None):
     """Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM.
-    `resident`: Kᵀ and V are loaded into SBUF once and every key block is a view of them; else each block is streamed."""
+    `resident`: Kᵀ and V are loaded into SBUF once and every key block is a view of them; else each block is streamed.
+    `window` W (None: T): query q sees keys q−W … q; key blocks start at the query tile's first visible key tile."""
     d, T = qT.shape
     scale = float(d) ** -0.5
+    window = T if window is None else window
     if resident:
         kT_all = _to_sbuf(kT)                              # HBM→SBUF: all of Kᵀ [d, T], once per (batch·head)
         v_all = _to_sbuf(_tiles(v))                        # HBM→SBUF: all of V as [128, T/128, d], once
@@ -79,8 +81,8 @@ def _fwd_head(qT, kT, v, o, lse, resident):
         nisa.memset(dst=l, value=0.0)
         acc = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)     # running sum of exp(s - m) v
         nisa.memset(dst=acc, value=0.0)
-        for j in range((q0 + P + KB - 1) // KB):           # key blocks left of the diagonal's end only
-            k0 = j * KB
+        k_first = max(0, q0 - window) // P * P             # key tile of the first row's oldest visible key
+        for k0 in range(k_first, q0 + P, KB):              # key blocks inside the window, left of the diagonal's end
             kw = min(KB, q0 + P - k0)                      # trimmed: keys >= q0+128 are masked for every row
             k_t = kT_all[:, k0:k0 + kw] if resident else _to_sbuf(kT[:, k0:k0 + kw])   # Kᵀ block (streamed: HBM→SBUF)
             s_ps = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.psum)
@@ -90,6 +92,9 @@ def _fwd_head(qT, kT, v, o, lse, resident):
             if k0 + kw > q0:                               # the block that holds the diagonal: keep k <= q
                 nisa.affine_select(dst=s, pattern=[[-1, kw]], channel_multiplier=1, on_true_tile=s,
                                    on_false_value=NEG, cmp_op=nl.greater_equal, offset=q0 - k0)
+            if q0 + P - 1 - k0 > window:                   # a block with keys older than the window: keep q - k <= W
+                nisa.affine_select(dst=s, pattern=[[1, kw]], channel_multiplier=-1, on_true_tile=s,
+                                   on_false_value=NEG, cmp_op=nl.greater_equal, offset=window - q0 + k0)
             m_blk = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=m_blk, op=nl.maximum, data=s, axis=1, keepdims=True)
             m_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -124,7 +129,7 @@ def _fwd_head(qT, kT, v, o, lse, resident):
         nisa.dma_copy(dst=lse[q0:q0 + P, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
 
 @nki.jit
-def flash_fwd_kernel(qT, kT, v, sbuf_budget=0):
+def flash_fwd_kernel(qT, kT, v, sbuf_budget=0, window=None):
     """Causal FlashAttention forward of every (batch·head); launch as `flash_fwd_kernel[lnc]`, lnc = 1 or 2 logical
     cores (with 2, each core takes half of the BH rows).
 
@@ -132,6 +137,8 @@ def flash_fwd_kernel(qT, kT, v, sbuf_budget=0):
     d ∈ {64, 128}, T a multiple of 128; fp32 or bf16 (all three the same dtype).
     sbuf_budget: SBUF bytes per partition the kernel may plan with (0: `nl.tile_size.total_available_sbuf_size`);
     Kᵀ and V stay resident in SBUF when `kv_resident` says they fit, else they are streamed per key block.
+    window: sliding-window attention, query q sees keys q−W … q (None: every key up to q); key blocks entirely
+    outside the window are never loaded nor multiplied.
     Returns o [BH, T, d] (dtype of v) and lse [BH, T, 1] fp32, the log-sum-exp of each scaled, masked score row.
     """
     BH, d, T = qT.shape
@@ -139,6 +146,8 @@ def flash_fwd_kernel(qT, kT, v, sbuf_budget=0):
     assert T % P == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
     assert tuple(kT.shape) == (BH, d, T), f"flash_fwd_kernel: kT shape {kT.shape} must equal qT shape {qT.shape}"
     assert tuple(v.shape) == (BH, T, d), f"flash_fwd_kernel: v shape {v.shape} must be {(BH, T, d)}"
+    assert window is None or window >= 0, f"flash_fwd_kernel: window={window} must be >= 0 keys (None: no window)"
+    window = T if window is None else min(window, T)       # T: every key up to the query
     budget = sbuf_budget or nl.tile_size.total_available_sbuf_size
     resident = kv_resident("fwd", T, d, _isz(v), budget)
     need = sbuf_bytes("fwd", T, d, _isz(v), resident)
@@ -146,18 +155,20 @@ def flash_fwd_kernel(qT, kT, v, sbuf_budget=0):
     o = nl.ndarray((BH, T, d), dtype=v.dtype, buffer=nl.shared_hbm)
     lse = nl.ndarray((BH, T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
-        _fwd_head(qT[bh], kT[bh], v[bh], o[bh], lse[bh], resident)
+        _fwd_head(qT[bh], kT[bh], v[bh], o[bh], lse[bh], resident, window)
     return o, lse
 
 # %% ../../nbs/14_kernel_attention.ipynb #37b07b11
-def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
+def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False, window=None):
     """Kernel helper: the backward of one (batch·head); inputs as `flash_bwd_kernel`'s without the BH dim, outputs written
     to dq, dk, dv [T, d] in HBM. Each input is read in one layout; the other layouts the matmuls need (Q, dOᵀ, K, Vᵀ)
     are TensorEngine transposes of SBUF tiles. `resident`: Qᵀ, dO, L, D are loaded into SBUF once and Q, dOᵀ
     transposed once (else both streamed and transposed per (key, query) tile pair). dQ accumulates on chip (an fp32
     [128, T/128, d] SBUF tile, written once at the end); `dq_in_hbm=True` instead adds each contribution into HBM with
-    `nisa.dma_compute` (kept to measure the two)."""
+    `nisa.dma_compute` (kept to measure the two). `window` W (None: T): key tile j meets only the query tiles that
+    see one of its keys, q − W <= k."""
     d, T = qT.shape
+    window = T if window is None else window
     nT, dt, scale = T // P, qT.dtype, float(d) ** -0.5
     sc = nisa.engine.scalar                                # the transposes' PSUM→SBUF copies: VectorE is the busier engine
     dq_acc = None if dq_in_hbm else nl.ndarray((P, nT, d), dtype=nl.float32, buffer=nl.sbuf)   # dQ of every query tile
@@ -178,8 +189,10 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
         vT_t = _transpose(nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf), _to_sbuf(v[k0:k0 + P, :]), sc)   # HBM→SBUF: Vⱼ; Vⱼᵀ
         dk_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
         dv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
-        for i in range(j, nT):                             # query tiles on or below the diagonal only
+        last = min(nT - 1, (k0 + P - 1 + window) // P)     # the last query tile that sees a key of this tile
+        for i in range(j, last + 1):                       # query tiles on or below the diagonal, inside the window
             q0 = i * P
+            first = max(0, q0 - window) // P == j          # the first key tile query tile i meets: it writes dQᵢ
             if resident:                                   # views of the resident tiles
                 qT_t, q_t, do_t, doT_t = qT_all[:, q0:q0 + P], q_all[:, i, :], do_all[:, i, :], doT_all[:, q0:q0 + P]
                 neg_lse, D_t = neg_lse_all[:, i:i + 1], D_all[:, i:i + 1]
@@ -196,6 +209,9 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
             if i == j:                                     # diagonal tile: zero the keys after the query
                 nisa.affine_select(dst=p, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=p,
                                    on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0)
+            if q0 + P - 1 - k0 > window:                   # a pair with keys older than the window: zero q - k > W
+                nisa.affine_select(dst=p, pattern=[[1, P]], channel_multiplier=-1, on_true_tile=p,
+                                   on_false_value=0.0, cmp_op=nl.greater_equal, offset=window - q0 + k0)
             p_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_copy(dst=p_lo, src=p)              # P in the matmul dtype
             nisa.nc_matmul(dst=dv_ps, stationary=p_lo, moving=do_t)      # dVⱼ += Pᵀ dOᵢ
@@ -211,12 +227,12 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
             dq_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=dq_ps, stationary=dsT, moving=k_t)        # dS Kⱼ / √d  [q, d]
             if not dq_in_hbm:                              # PSUM→SBUF into the on-chip dQᵢ: the first key tile writes
-                if j == 0: nisa.tensor_copy(dst=dq_acc[:, i, :], src=dq_ps)
+                if first: nisa.tensor_copy(dst=dq_acc[:, i, :], src=dq_ps)
                 else: nisa.tensor_tensor(dst=dq_acc[:, i, :], data1=dq_acc[:, i, :], data2=dq_ps, op=nl.add)
             else:
                 dq_t = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dq_t, src=dq_ps)      # PSUM→SBUF
-                if j == 0: nisa.dma_copy(dst=dq[q0:q0 + P, :], src=dq_t)                           # SBUF→HBM
+                if first: nisa.dma_copy(dst=dq[q0:q0 + P, :], src=dq_t)                           # SBUF→HBM
                 else: nisa.dma_compute(dst=dq[q0:q0 + P, :], srcs=[dq_t, dq[q0:q0 + P, :]], reduce_op=nl.add)   # HBM += SBUF
         dk_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_copy(dst=dk_t, src=dk_ps)              # PSUM→SBUF (cast)
@@ -228,7 +244,7 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False):
         nisa.dma_copy(dst=_tiles(dq), src=dq_acc)
 
 @nki.jit
-def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0):
+def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0, window=None):
     """Causal FlashAttention backward of every (batch·head); launch as `flash_bwd_kernel[lnc]` (with 2 logical
     cores each takes half of the BH rows).
 
@@ -238,6 +254,7 @@ def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0):
     sbuf_budget: SBUF bytes per partition the kernel may plan with (0: `nl.tile_size.total_available_sbuf_size`);
     Qᵀ, dO, L, D (and their transposes Q, dOᵀ) stay resident when `kv_resident` says they fit, else they are streamed
     per tile pair.
+    window: the forward's window (None: none); (key, query) tile pairs entirely outside it are skipped.
     Returns dq, dk, dv [BH, T, d] in the input dtype (dq accumulated in fp32 on chip).
     """
     BH, d, T = qT.shape
@@ -246,6 +263,7 @@ def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0):
     for name, t, shp in (("kT", kT, (BH, d, T)), ("v", v, (BH, T, d)), ("do", do, (BH, T, d)), ("lse", lse, (BH, T, 1)),
                          ("dsum", dsum, (BH, T, 1))):
         assert tuple(t.shape) == shp, f"flash_bwd_kernel: {name} has shape {t.shape}, expected {shp}"
+    assert window is None or window >= 0, f"flash_bwd_kernel: window={window} must be >= 0 keys (None: no window)"
     budget = sbuf_budget or nl.tile_size.total_available_sbuf_size
     resident = kv_resident("bwd", T, d, _isz(qT), budget)
     need = sbuf_bytes("bwd", T, d, _isz(qT), resident)
@@ -253,15 +271,17 @@ def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0):
                             f"accumulator grows with T), more than the budget of {budget}; use shorter sequences")
     dq, dk, dv = (nl.ndarray((BH, T, d), dtype=qT.dtype, buffer=nl.shared_hbm) for _ in range(3))
     for bh in core_range(BH, nl.program_id(0), nl.num_programs()):   # this logical core's (batch·head) rows
-        _bwd_head(qT[bh], kT[bh], v[bh], do[bh], lse[bh], dsum[bh], dq[bh], dk[bh], dv[bh], resident)
+        _bwd_head(qT[bh], kT[bh], v[bh], do[bh], lse[bh], dsum[bh], dq[bh], dk[bh], dv[bh], resident, window=window)
     return dq, dk, dv
 
 # %% ../../nbs/14_kernel_attention.ipynb #cc189457
 _DTYPES = (torch.float32, torch.bfloat16)
 
-def check_args(q, k, v, causal=True, backend="nki-sim"):
+def check_args(q, k, v, causal=True, backend="nki-sim", window=None):
     "Raise `ValueError` naming the op, the shape and the rule if the kernels cannot run these arguments."
     where = f"ops.attention ({backend})"
+    if window is not None and (not causal or window < 0):
+        raise ValueError(f"{where}: window={window} needs causal attention and a window of >= 0 keys")
     if not causal: raise ValueError(f"{where}: causal=False is not implemented; the kernel computes causal attention only (use the torch backend)")
     if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"{where}: q, k, v must share one shape [B, H, T, d_head], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -279,11 +299,12 @@ def _rows(x, transposed=False):
 class FlashAttentionSim(torch.autograd.Function):
     "Causal attention through the simulated NKI kernels: forward saves O and the log-sum-exp, backward recomputes P."
     @staticmethod
-    def forward(ctx, q, k, v):
+    def forward(ctx, q, k, v, window):
         B, H, T, d = q.shape
         qT, kT, v3 = _rows(q, True), _rows(k, True), _rows(v)
-        o, lse = simulate(flash_fwd_kernel[logical_cores()])(qT, kT, v3)
+        o, lse = simulate(flash_fwd_kernel[logical_cores()])(qT, kT, v3, 0, window)
         ctx.save_for_backward(qT, kT, v3, o, lse)            # the backward reads the forward's inputs as they are
+        ctx.window = window
         return o.view(B, H, T, d)
 
     @staticmethod
@@ -292,16 +313,17 @@ class FlashAttentionSim(torch.autograd.Function):
         B, H, T, d = do.shape
         do3 = _rows(do.to(v3.dtype))
         dsum = (do3.float() * o.float()).sum(-1, keepdim=True)            # D = rowsum(dO ⊙ O), fp32
-        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, v3, do3, lse, dsum)
-        return dq.view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d)
+        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, v3, do3, lse, dsum, 0, ctx.window)
+        return dq.view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d), None
 
 @ops.register("attention", "nki-sim")
-def attention_nki_sim(q, k, v, causal=True):
-    "softmax(q kᵀ/√d_head + causal mask) v for q, k, v [B, H, T, d_head] by the NKI kernels in the CPU simulator."
+def attention_nki_sim(q, k, v, causal=True, window=None):
+    """softmax(q kᵀ/√d_head + causal mask) v for q, k, v [B, H, T, d_head] by the NKI kernels in the CPU simulator;
+    with `window` W, query i sees keys i−W … i and the kernels skip the tiles outside the window."""
     dt = ops.kernel_dtype(q)   # autocast's dtype: a kernel is not autocast by itself
     q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    check_args(q, k, v, causal, "nki-sim")
-    return FlashAttentionSim.apply(q, k, v)
+    check_args(q, k, v, causal, "nki-sim", window)
+    return FlashAttentionSim.apply(q, k, v, q.shape[-2] if window is None else window)
 
 # %% ../../nbs/14_kernel_attention.ipynb #7a0b41c0
 def _register_nki(tnx=None) -> bool:
@@ -311,36 +333,38 @@ def _register_nki(tnx=None) -> bool:
     nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
 
     @nki_op("neuronfrontier::flash_attention_fwd", mutates_args={})
-    def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return wrap_nki(flash_fwd_kernel)[logical_cores()](qT, kT, v)
+    def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor,
+                            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return wrap_nki(flash_fwd_kernel)[logical_cores()](qT, kT, v, 0, window)   # sbuf_budget 0: the whole SBUF
 
     @nki_op("neuronfrontier::flash_attention_bwd", mutates_args={})
     def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
-                            dsum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return wrap_nki(flash_bwd_kernel)[logical_cores()](qT, kT, v, do, lse, dsum)
+                            dsum: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return wrap_nki(flash_bwd_kernel)[logical_cores()](qT, kT, v, do, lse, dsum, 0, window)
 
     def setup_context(ctx, inputs, output):
-        qT, kT, v = inputs
+        qT, kT, v, window = inputs
         o, lse = output
         ctx.save_for_backward(qT, kT, v, o, lse)
+        ctx.window = window
 
     def backward(ctx, do, dlse):
         qT, kT, v, o, lse = ctx.saved_tensors
         do = do.to(v.dtype).contiguous()
         dsum = (do.float() * o.float()).sum(-1, keepdim=True)
-        dq, dk, dv = flash_attention_bwd(qT, kT, v, do, lse, dsum)   # the forward's inputs as they are, no copies
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv   # gradients w.r.t. qT, kT, v
+        dq, dk, dv = flash_attention_bwd(qT, kT, v, do, lse, dsum, ctx.window)   # the forward's inputs, no copies
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv, None   # gradients w.r.t. qT, kT, v (none for the window)
 
     flash_attention_fwd.register_autograd(backward, setup_context=setup_context)
 
     @ops.register("attention", "nki")
-    def attention_nki(q, k, v, causal=True):
-        "Causal attention by the NKI kernels on a NeuronCore (torch_neuronx custom op with a registered backward)."
+    def attention_nki(q, k, v, causal=True, window=None):
+        "Causal (or sliding-window) attention by the NKI kernels on a NeuronCore: a custom op with its backward."
         dt = ops.kernel_dtype(q)   # autocast's dtype: TorchNeuron does not autocast a custom operator
         q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        check_args(q, k, v, causal, "nki")
+        check_args(q, k, v, causal, "nki", window)
         B, H, T, d = q.shape
-        o, _ = flash_attention_fwd(_rows(q, True), _rows(k, True), _rows(v))
+        o, _ = flash_attention_fwd(_rows(q, True), _rows(k, True), _rows(v), T if window is None else window)
         return o.view(B, H, T, d)
     return True
 
