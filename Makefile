@@ -35,8 +35,10 @@ sync-check: install
 
 # Static check of the exported library and the tests: unused imports (F401), undefined names (F821) and
 # redefinitions (F811). An exported function that uses a name only a notebook cell imports fails here.
+# Then the style of the library: no line over 120 characters, no `;` between statements (tools/lint_style.py).
 lint: install
 	$(BIN)/ruff check --select F401,F821,F811 neuronfrontier tests
+	$(BIN)/python tools/lint_style.py
 
 nbtest: install
 	$(BIN)/nbdev-test --n-workers 2

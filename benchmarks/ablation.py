@@ -34,6 +34,8 @@ VARIANTS = {
     "default": [],
     "kit": ["recipe=kit"],
     "kit + heads of 64": ["recipe=kit", "n_heads=4", "d_head=64"],
+    "kit + momentum ramp 100": ["recipe=kit", "muon_momentum_steps=100"],   # the kit ramps over 300 of ~340 steps
+    "kit + batch 4": ["recipe=kit", "batch_size=4"],                         # twice the steps at half the batch
 }
 RECIPE_VARIANTS = ["baseline", "frontier", "frontier - muon (adamw)", "frontier - qk_norm", "frontier - wsd (cosine)"]
 

@@ -10,7 +10,7 @@ included), one rank at a time in this one process — the 8 ranks of a chip woul
 
 * per global batch (8 ranks × 16 rows × 2,049 tokens), the host work of all 8 ranks together, each design;
 * the loader's tokens/s on one core (one rank's rows per CPU-second, the new design) against the tokens/s one rank
-  must be fed — `hw.step_estimate(dense-124m, 16 rows, 8 cores)`, a roofline estimate, not a measurement.
+  must be fed — `cost.step_estimate(dense-124m, 16 rows, 8 cores)`, a roofline estimate, not a measurement.
 
 The first batch of each loader (opening the parquet file, filling the packing buffer) is not counted.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from neuronfrontier.config import resolve
 from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer, prepare
-from neuronfrontier.hw import step_estimate
+from neuronfrontier.cost import step_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 

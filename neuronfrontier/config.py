@@ -80,7 +80,9 @@ class ModelConfig:
             elif spec.endswith(":"): ids = range(int(spec[:-1]), self.n_layers)
             else: ids = sorted({int(x) for x in spec.split(",")})
         except ValueError:
-            raise ValueError(f"moe_layers={spec!r} is not understood; use 'all', 'k:' (layer k onward) or a list like '1,3'") from None
+            raise ValueError(
+                f"moe_layers={spec!r} is not understood; use 'all', 'k:' (layer k onward) or a list like '1,3'"
+            ) from None
         ids = tuple(ids)
         if not ids or ids[0] < 0 or ids[-1] >= self.n_layers:
             raise ValueError(f"moe_layers={spec!r} selects no layer or one outside 0..{self.n_layers - 1}")
@@ -92,13 +94,18 @@ class ModelConfig:
             v = getattr(self, name)
             if v <= 0 or v % TILE:
                 what = "n_heads*d_head" if name == "d_attn" else name
-                raise ValueError(f"{what}={v} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(v, 1))}")
+                raise ValueError(
+                    f"{what}={v} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(v, 1))}"
+                )
         if self.d_head not in (64, 128):
             raise ValueError(f"d_head={self.d_head} is not supported; use 64 or 128")
         for name in ("n_layers", "n_heads", "seq_len", "vocab_size"):
             if getattr(self, name) <= 0: raise ValueError(f"{name}={getattr(self, name)} must be positive")
         if self.seq_len % TILE:
-            raise ValueError(f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(self.seq_len)}")
+            raise ValueError(
+                f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: "
+                f"{_nearest_aligned(self.seq_len)}"
+            )
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
@@ -115,7 +122,10 @@ class ModelConfig:
 
     def _validate_moe(self):
         if self.d_expert <= 0 or self.d_expert % TILE:
-            raise ValueError(f"d_expert={self.d_expert} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(self.d_expert, 1))}")
+            raise ValueError(
+                f"d_expert={self.d_expert} is not a multiple of {TILE}; nearest aligned values: "
+                f"{_nearest_aligned(max(self.d_expert, 1))}"
+            )
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k={self.top_k} must lie in 1..n_experts={self.n_experts}")
         if self.n_shared_experts < 0: raise ValueError(f"n_shared_experts={self.n_shared_experts} must be >= 0")
@@ -141,7 +151,8 @@ class ModelConfig:
         return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
 
     def _mlp_params(self, layer: int, active: bool) -> int:
-        "Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k of them if `active`)."
+        """Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k
+        of them if `active`)."""
         d = self.d_model
         if layer not in self.moe_layer_ids: return (3 if self.mlp == "swiglu" else 2) * d * self.d_mlp
         routed = self.top_k if active else self.n_experts
@@ -151,10 +162,13 @@ class ModelConfig:
         "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
         d, a = self.d_model, self.d_attn
         gates = sum(self.has_ve(i) for i in range(self.n_layers)) * self.ve_gate_channels * self.n_heads
-        return sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
+        return (
+            sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
+        )
 
     def n_params(self, embedding: bool = True, active: bool = False) -> int:
-        "Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k routed experts a token uses."
+        """Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k
+        routed experts a token uses."""
         d, L = self.d_model, self.n_layers
         gains = (L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d) * self.norm_gains  # norms, final norm
         scalars = 2 * L if self.layer_scalars else 0
@@ -234,18 +248,22 @@ _SHARDINGS = ("rank", "global")
 
 def validate_train(t: TrainConfig) -> TrainConfig:
     "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."
-    if t.schedule not in _SCHEDULES: raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
+    if t.schedule not in _SCHEDULES:
+        raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
     if t.optim not in _OPTIMS: raise ValueError(f"optim={t.optim!r} is unknown; use one of {', '.join(_OPTIMS)}")
     for k in ("dtype", "eval_dtype"):
-        if getattr(t, k) not in _DTYPES: raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(_DTYPES)}")
-    if t.ns_coeffs not in _NS_COEFFS: raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
+        if getattr(t, k) not in _DTYPES:
+            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(_DTYPES)}")
+    if t.ns_coeffs not in _NS_COEFFS:
+        raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
     for k in ("batch_size", "grad_accum", "eval_tokens", "eval_seq_len", "eval_batch_size", "log_every"):
         if getattr(t, k) <= 0: raise ValueError(f"{k}={getattr(t, k)} must be positive")
     for k in ("warmup_frac", "cooldown_frac", "final_lr_frac", "muon_momentum_warmup"):
         if not 0 <= getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1]")
     for k in ("muon_momentum", "muon_momentum_start"):
         if not 0 <= getattr(t, k) < 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1)")
-    if t.warmup_frac + t.cooldown_frac > 1: raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
+    if t.warmup_frac + t.cooldown_frac > 1:
+        raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
     if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
     if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
     if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
@@ -305,7 +323,9 @@ def rank_batch(t: TrainConfig, seq_len: int, world: int) -> TrainConfig:
 
 # %% ../nbs/01_config.ipynb #cf979e66
 def _parse_value(key: str, raw: str, typ):
-    if "None" in str(typ):   # an optional field (`float | None`): 'none' sets None, anything else parses as the base type
+    if "None" in str(
+        typ
+    ):  # an optional field (`float | None`): 'none' sets None, anything else parses as the base type
         if raw.strip().lower() in ("none", "null"): return None
         typ = str(typ).split("|")[0].strip()
     t = typ if isinstance(typ, type) else {"int": int, "float": float, "bool": bool, "str": str}.get(str(typ), str)
@@ -333,7 +353,9 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
         if k in mf: setattr(m, k, _parse_value(k, v, mf[k].type))
         elif k in tf: setattr(t, k, _parse_value(k, v, tf[k].type))
         else:
-            raise ValueError(f"--set {k}: unknown field; model fields: {', '.join(mf)}; training fields: {', '.join(tf)}")
+            raise ValueError(
+                f"--set {k}: unknown field; model fields: {', '.join(mf)}; training fields: {', '.join(tf)}"
+            )
     return m, t
 
 # %% ../nbs/01_config.ipynb #73d3dc2b
@@ -373,7 +395,9 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}; choose one of: {', '.join(CONFIGS)}")
     names = recipe_names(config, recipe)
-    m, t = apply_overrides(CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ()))
+    m, t = apply_overrides(
+        CONFIGS[config], TRAIN_DEFAULTS[config], [s for r in names for s in RECIPES[r]] + list(sets or ())
+    )
     named = {s.split("=", 1)[0].strip() for s in sets or ()}
     for r in names:
         if r in RECIPE_SHAPES:
@@ -381,8 +405,10 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
     m.validate()
     validate_train(t)
     if t.eval_seq_len > m.seq_len:
-        raise ValueError(f"eval_seq_len={t.eval_seq_len} exceeds seq_len={m.seq_len}: the model would be scored at positions it "
-                         f"never trained on; train at least at the scored length (--set seq_len={t.eval_seq_len})")
+        raise ValueError(
+            f"eval_seq_len={t.eval_seq_len} exceeds seq_len={m.seq_len}: the model would be scored at positions it "
+            f"never trained on; train at least at the scored length (--set seq_len={t.eval_seq_len})"
+        )
     return m, t
 
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:

@@ -34,13 +34,16 @@ def split_document(text: str, max_chars: int = 1200) -> list[str]:
     "Split `text` at blank lines into pieces of at most ~`max_chars` (a paragraph longer than that stays whole)."
     pieces, cur = [], ""
     for para in text.split("\n\n"):
-        if cur and len(cur) + len(para) + 2 > max_chars: pieces.append(cur); cur = para
+        if cur and len(cur) + len(para) + 2 > max_chars:
+            pieces.append(cur)
+            cur = para
         else: cur = f"{cur}\n\n{para}" if cur else para
     if cur.strip(): pieces.append(cur)
     return [p for p in pieces if p.strip()]
 
 def build_embedded_corpus(src: Path = PYDOCS_SRC, dest: Path = EMBEDDED_CORPUS, max_chars: int = 1200) -> Path:
-    "Collect every `*.txt` under `src`, split into paragraph-group documents, into one parquet (`path`, `text`), zstd 19."
+    """Collect every `*.txt` under `src`, split into paragraph-group documents, into one parquet (`path`, `text`), zstd
+    19."""
     src = Path(src)
     files = sorted(src.rglob("*.txt"))
     if not files: raise DataError(f"no .txt files under {src}; install them with `apt-get install python3.11-doc`")
@@ -54,16 +57,23 @@ def build_embedded_corpus(src: Path = PYDOCS_SRC, dest: Path = EMBEDDED_CORPUS, 
 # %% ../nbs/00_data.ipynb #892ef377
 def shard_name(i: int) -> str: return f"shard_{i:05d}.parquet"
 
-def write_shards(texts: list[str], out_dir: Path, n_shards: int = 8, seed: int = 0, row_group_size: int = 64) -> list[Path]:
-    "Shuffle `texts` with `seed` and write them as `n_shards` parquet files with a `text` column; the last is validation."
+def write_shards(
+    texts: list[str], out_dir: Path, n_shards: int = 8, seed: int = 0, row_group_size: int = 64
+) -> list[Path]:
+    """Shuffle `texts` with `seed` and write them as `n_shards` parquet files with a `text` column; the last is
+    validation."""
     if n_shards < 2: raise DataError(f"n_shards={n_shards}: need at least 2 (train + validation)")
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    order = list(range(len(texts))); random.Random(seed).shuffle(order)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
     paths = []
     for i in range(n_shards):
         part = [texts[j] for j in order[i::n_shards]]
         p = out_dir / shard_name(i)
-        tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")  # unique per process: concurrent prepares never share a temp file
+        tmp = p.with_name(
+            f"{p.name}.tmp{os.getpid()}"
+        )  # unique per process: concurrent prepares never share a temp file
         pq.write_table(pa.table({"text": part}), tmp, compression="zstd", row_group_size=row_group_size)
         os.replace(tmp, p)
         paths.append(p)
@@ -76,17 +86,27 @@ def find_shards(data_dir: Path) -> tuple[list[Path], Path]:
         raise DataError(f"data directory {data_dir} does not exist; run `neuronfrontier prepare --data {data_dir}`")
     paths = sorted(data_dir.glob("shard_*.parquet"))
     if len(paths) < 2:
-        raise DataError(f"{data_dir} has {len(paths)} shard(s); need >= 2 (train + validation): run `neuronfrontier prepare --data {data_dir}`")
+        raise DataError(
+            f"{data_dir} has {len(paths)} shard(s); need >= 2 (train + validation): run `neuronfrontier prepare "
+            f"--data {data_dir}`"
+        )
     for p in paths:
-        try: schema = pq.read_schema(p)
+        try:
+            schema = pq.read_schema(p)
         except Exception as e:
-            raise DataError(f"{p} is not a readable parquet file ({type(e).__name__}); delete it and rerun `neuronfrontier prepare`") from None
+            raise DataError(
+                f"{p} is not a readable parquet file ({type(e).__name__}); delete it and rerun `neuronfrontier prepare`"
+            ) from None
         if "text" not in schema.names:
-            raise DataError(f"{p} has no 'text' column (columns: {', '.join(schema.names)}); shards must follow the ClimbMix schema")
+            raise DataError(
+                f"{p} has no 'text' column (columns: {', '.join(schema.names)}); shards must follow the ClimbMix schema"
+            )
     return paths[:-1], paths[-1]
 
 # %% ../nbs/00_data.ipynb #183b52ba
-SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+SPLIT_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
 SPECIAL_TOKENS = [f"<|reserved_{i}|>" for i in range(4)]
 BOS_TOKEN = SPECIAL_TOKENS[0]
 VOCAB_SIZE = 8192
@@ -98,7 +118,10 @@ def train_tokenizer(texts, vocab_size: int = VOCAB_SIZE, doc_cap: int = 10_000) 
     tok.train_from_iterator((t[:doc_cap] for t in texts), vocab_size - len(SPECIAL_TOKENS), pattern=SPLIT_PATTERN)
     ranks = {bytes(k): v for k, v in tok.get_mergeable_ranks()}
     specials = {s: len(ranks) + i for i, s in enumerate(SPECIAL_TOKENS)}
-    return tiktoken.Encoding(name=f"bpe{vocab_size}", pat_str=tok.get_pattern(), mergeable_ranks=ranks, special_tokens=specials)
+    return tiktoken.Encoding(
+        name=f"bpe{vocab_size}", pat_str=tok.get_pattern(), mergeable_ranks=ranks, special_tokens=specials
+    )
+
 
 def token_bytes_of(enc: tiktoken.Encoding) -> "torch.Tensor":
     "int32 tensor: UTF-8 byte length of every token id, 0 for special tokens."
@@ -125,7 +148,8 @@ def tokenizer_sha256(tok_dir: Path) -> dict[str, str]:
 def _write_manifest(tok_dir: Path, source: str) -> dict:
     man = {"source": source, "sha256": tokenizer_sha256(tok_dir)}
     tmp = Path(tok_dir) / f"{TOKENIZER_MANIFEST}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(man, indent=1)); os.replace(tmp, Path(tok_dir) / TOKENIZER_MANIFEST)
+    tmp.write_text(json.dumps(man, indent=1))
+    os.replace(tmp, Path(tok_dir) / TOKENIZER_MANIFEST)
     return man
 
 def read_manifest(tok_dir: Path) -> dict | None:
@@ -136,12 +160,16 @@ def read_manifest(tok_dir: Path) -> dict | None:
 def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path, source: str = "trained") -> Path:
     "Write `tokenizer.pkl` (pickled tiktoken Encoding), `token_bytes.pt` and `sha256.json` into `out_dir`."
     import torch
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     sfx = f".tmp{os.getpid()}"
     with open(out_dir / f"tokenizer.pkl{sfx}", "wb") as f: pickle.dump(enc, f)
     torch.save(token_bytes_of(enc), out_dir / f"token_bytes.pt{sfx}")
     (out_dir / TOKENIZER_MANIFEST).unlink(missing_ok=True)
-    os.replace(out_dir / f"token_bytes.pt{sfx}", out_dir / "token_bytes.pt")  # tokenizer.pkl last: its presence means done
+    os.replace(
+        out_dir / f"token_bytes.pt{sfx}", out_dir / "token_bytes.pt"
+    )  # tokenizer.pkl last: its presence means done
     os.replace(out_dir / f"tokenizer.pkl{sfx}", out_dir / "tokenizer.pkl")
     _write_manifest(out_dir, source)
     return out_dir
@@ -158,18 +186,28 @@ def load_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor"]:
     tok_dir = Path(tok_dir)
     pkl, tb = tok_dir / "tokenizer.pkl", tok_dir / "token_bytes.pt"
     if not pkl.exists() or not tb.exists():
-        raise DataError(f"no tokenizer in {tok_dir} (need tokenizer.pkl and token_bytes.pt); run `neuronfrontier prepare`")
+        raise DataError(
+            f"no tokenizer in {tok_dir} (need tokenizer.pkl and token_bytes.pt); run `neuronfrontier prepare`"
+        )
     try:
         with open(pkl, "rb") as f: enc = pickle.load(f)
         token_bytes = torch.load(tb, map_location="cpu")
     except Exception as e:
-        raise DataError(f"cannot read the tokenizer in {tok_dir} ({type(e).__name__}: {e}); delete it and rerun `neuronfrontier prepare`") from None
+        raise DataError(
+            f"cannot read the tokenizer in {tok_dir} ({type(e).__name__}: {e}); delete it and rerun `neuronfrontier "
+            f"prepare`"
+        ) from None
     if len(token_bytes) != enc.n_vocab:
-        raise DataError(f"{tb} has {len(token_bytes)} entries but the tokenizer has {enc.n_vocab} tokens; rebuild with `neuronfrontier prepare`")
+        raise DataError(
+            f"{tb} has {len(token_bytes)} entries but the tokenizer has {enc.n_vocab} tokens; rebuild with "
+            f"`neuronfrontier prepare`"
+        )
     man = read_manifest(tok_dir)
     if man is not None and man["sha256"] != tokenizer_sha256(tok_dir):
-        raise DataError(f"the tokenizer files in {tok_dir} changed after `prepare` (sha256 differs from {TOKENIZER_MANIFEST}); "
-                        f"rerun `neuronfrontier prepare` to record them")
+        raise DataError(
+            f"the tokenizer files in {tok_dir} changed after `prepare` (sha256 differs from {TOKENIZER_MANIFEST}); "
+            f"rerun `neuronfrontier prepare` to record them"
+        )
     bos_id(enc)
     return enc, token_bytes
 
@@ -179,11 +217,24 @@ WHISPER_SDIST = "openai-whisper==20250625"
 
 def gpt2_ranks_file(cache_dir: Path) -> Path:
     "Path to `gpt2.tiktoken`, extracted from the openai-whisper sdist (downloaded with pip once, then cached)."
-    cache_dir = Path(cache_dir); dest = cache_dir / "gpt2.tiktoken"
+    cache_dir = Path(cache_dir)
+    dest = cache_dir / "gpt2.tiktoken"
     if dest.exists(): return dest
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as td:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", WHISPER_SDIST, "-d", td]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            WHISPER_SDIST,
+            "-d",
+            td,
+        ]
         r = subprocess.run(cmd, capture_output=True, text=True)
         sd = list(Path(td).glob("openai*whisper-*.tar.gz"))
         if r.returncode or not sd:
@@ -200,7 +251,9 @@ def gpt2_tokenizer(cache_dir: Path) -> tiktoken.Encoding:
     "The GPT-2 BPE (50,257 tokens) built from the offline rank file."
     from tiktoken.load import load_tiktoken_bpe
     ranks = load_tiktoken_bpe(str(gpt2_ranks_file(cache_dir)))
-    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256})
+    return tiktoken.Encoding(
+        name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
 
 # %% ../nbs/00_data.ipynb #443977f3
 def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor"]:
@@ -208,44 +261,67 @@ def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor
     import torch
     tok_dir = Path(tok_dir)
     missing = [n for n in TOKENIZER_FILES if not (tok_dir / n).is_file()]
-    if missing: raise DataError(f"--tokenizer-dir {tok_dir}: missing {', '.join(missing)} (the kit ships tokenizer.pkl and token_bytes.pt)")
+    if missing:
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: missing {', '.join(missing)} (the kit ships tokenizer.pkl and token_bytes.pt)"
+        )
     try:
         with open(tok_dir / "tokenizer.pkl", "rb") as f: enc = pickle.load(f)
         tb = torch.load(tok_dir / "token_bytes.pt", map_location="cpu", weights_only=True)
     except Exception as e:
-        raise DataError(f"--tokenizer-dir {tok_dir}: cannot read the tokenizer files ({type(e).__name__}: {e})") from None
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: cannot read the tokenizer files ({type(e).__name__}: {e})"
+        ) from None
     if not isinstance(enc, tiktoken.Encoding):
-        raise DataError(f"--tokenizer-dir {tok_dir}: tokenizer.pkl holds a {type(enc).__name__}, not a tiktoken.Encoding")
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: tokenizer.pkl holds a {type(enc).__name__}, not a tiktoken.Encoding"
+        )
     if enc.n_vocab != VOCAB_SIZE:
-        raise DataError(f"--tokenizer-dir {tok_dir}: the encoding has {enc.n_vocab} tokens; the competition's tokenizer has {VOCAB_SIZE}")
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: the encoding has {enc.n_vocab} tokens; the competition's tokenizer has "
+            f"{VOCAB_SIZE}"
+        )
     if not isinstance(tb, torch.Tensor) or tb.ndim != 1 or tb.is_floating_point() or len(tb) != enc.n_vocab:
-        raise DataError(f"--tokenizer-dir {tok_dir}: token_bytes.pt must be a 1-D integer tensor of {enc.n_vocab} entries, "
-                        f"got {tuple(getattr(tb, 'shape', ()))} {getattr(tb, 'dtype', type(tb).__name__)}")
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: token_bytes.pt must be a 1-D integer tensor of {enc.n_vocab} entries, "
+            f"got {tuple(getattr(tb, 'shape', ()))} {getattr(tb, 'dtype', type(tb).__name__)}"
+        )
     if BOS_TOKEN not in enc.special_tokens_set:
         raise DataError(f"--tokenizer-dir {tok_dir}: the encoding has no {BOS_TOKEN} (BOS) special token")
     want = token_bytes_of(enc)
     for s in sorted(enc.special_tokens_set):
         i = enc.encode_single_token(s)
-        if tb[i] != 0: raise DataError(f"--tokenizer-dir {tok_dir}: special token {s} (id {i}) has {int(tb[i])} bytes in token_bytes.pt; special tokens must have 0")
+        if tb[i] != 0:
+            raise DataError(
+                f"--tokenizer-dir {tok_dir}: special token {s} (id {i}) has {int(tb[i])} bytes in token_bytes.pt; "
+                f"special tokens must have 0"
+            )
     bad = (tb.to(want.dtype) != want).nonzero()
     if len(bad):
         i = int(bad[0])
-        raise DataError(f"--tokenizer-dir {tok_dir}: token_bytes.pt says token {i} has {int(tb[i])} bytes, the encoding says {int(want[i])}")
+        raise DataError(
+            f"--tokenizer-dir {tok_dir}: token_bytes.pt says token {i} has {int(tb[i])} bytes, the encoding says "
+            f"{int(want[i])}"
+        )
     return enc, tb
 
 def install_kit_tokenizer(src_dir: Path, tok_dir: Path) -> dict:
-    "Validate the kit's files in `src_dir`, copy them into `tok_dir` (atomically) and record their sha256 as source `kit`."
+    """Validate the kit's files in `src_dir`, copy them into `tok_dir` (atomically) and record their sha256 as source
+    `kit`."""
     check_kit_tokenizer(src_dir)
-    tok_dir = Path(tok_dir); tok_dir.mkdir(parents=True, exist_ok=True)
+    tok_dir = Path(tok_dir)
+    tok_dir.mkdir(parents=True, exist_ok=True)
     (tok_dir / TOKENIZER_MANIFEST).unlink(missing_ok=True)
     for n in ("token_bytes.pt", "tokenizer.pkl"):  # tokenizer.pkl last, as in save_tokenizer
         tmp = tok_dir / f"{n}.tmp{os.getpid()}"
-        shutil.copyfile(Path(src_dir) / n, tmp); os.replace(tmp, tok_dir / n)
+        shutil.copyfile(Path(src_dir) / n, tmp)
+        os.replace(tmp, tok_dir / n)
     return _write_manifest(tok_dir, "kit")
 
 # %% ../nbs/00_data.ipynb #e94d7e15
 def iter_documents(paths, rank: int = 0, world_size: int = 1, seed: int = 0, epoch: int = 0, window: int = 1024):
-    "Yield texts from parquet `paths`: this rank's share, shuffled within windows of `window` docs by (seed, epoch); `window=0` keeps file order."
+    """Yield texts from parquet `paths`: this rank's share, shuffled within windows of `window` docs by (seed, epoch);
+    `window=0` keeps file order."""
     rng, k, buf = random.Random(f"{seed}/{epoch}"), 0, []
     for p in paths:
         pf = pq.ParquetFile(p)
@@ -254,8 +330,12 @@ def iter_documents(paths, rank: int = 0, world_size: int = 1, seed: int = 0, epo
                 if k % world_size == rank: buf.append(t)
                 k += 1
                 if len(buf) >= max(window, 1):
-                    rng.shuffle(buf); yield from buf; buf = []
-    rng.shuffle(buf); yield from buf
+                    rng.shuffle(buf)
+                    yield from buf
+                    buf = []
+    rng.shuffle(buf)
+    yield from buf
+
 
 class PackedLoader:
     "Infinite iterator of `(x, y)` LongTensor batches [B, T] packed BOS-aligned best-fit from parquet shards."
@@ -271,7 +351,9 @@ class PackedLoader:
 
     def _doc_stream(self):
         while True:
-            it = iter_documents(self.paths, self.rank, self.world, self.seed, self.epoch, window=1024 if self.shuffle else 0)
+            it = iter_documents(
+                self.paths, self.rank, self.world, self.seed, self.epoch, window=1024 if self.shuffle else 0
+            )
             while True:
                 chunk = [t for _, t in zip(range(64), it)]
                 if not chunk: break
@@ -284,7 +366,8 @@ class PackedLoader:
         while len(self._buf) < self.buffer_docs:
             d = next(self._docs, None)
             if d is None: break
-            self._buf.append(d); self.tokens_read += len(d)
+            self._buf.append(d)
+            self.tokens_read += len(d)
 
     def _row(self) -> list[int] | None:
         row, cap = [], self.T + 1
@@ -308,7 +391,8 @@ class PackedLoader:
             r = self._row()
             if r is None: raise StopIteration
             rows.append(r)
-        self.tokens_used += self.B * (self.T + 1); self.batches += 1
+        self.tokens_used += self.B * (self.T + 1)
+        self.batches += 1
         t = torch.tensor(rows, dtype=torch.long)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
@@ -356,7 +440,8 @@ CLIMBMIX_VAL_SHARD = 6542
 
 def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=print) -> Path:
     "Download `url` to `dest` atomically (via dest.tmp), resuming a partial .tmp and retrying with backoff."
-    dest = Path(dest); tmp = dest.with_name(dest.name + ".tmp")
+    dest = Path(dest)
+    tmp = dest.with_name(dest.name + ".tmp")
     for attempt in range(1, retries + 1):
         try:
             have = tmp.stat().st_size if tmp.exists() else 0
@@ -370,7 +455,9 @@ def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=pri
         except Exception as e:
             if isinstance(e, urllib.error.HTTPError) and e.code == 416: tmp.unlink(missing_ok=True)
             if attempt == retries:
-                raise DataError(f"download of {url} failed after {retries} attempts ({type(e).__name__}: {e}); rerun to resume") from None
+                raise DataError(
+                    f"download of {url} failed after {retries} attempts ({type(e).__name__}: {e}); rerun to resume"
+                ) from None
             if not isinstance(e, (urllib.error.URLError, OSError, TimeoutError)): tmp.unlink(missing_ok=True)
             log(f"  attempt {attempt}/{retries} for {dest.name} failed ({type(e).__name__}); retrying")
             time.sleep(backoff * 2 ** (attempt - 1))
@@ -378,13 +465,16 @@ def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=pri
 def download_climbmix(data_dir: Path, n_shards: int, base_url: str = CLIMBMIX_URL, log=print, **kw) -> list[Path]:
     "Fetch training shards 0..n_shards-1 and the pinned validation shard into `data_dir` (skips complete files)."
     if n_shards < 1: raise DataError(f"--shards {n_shards}: need at least 1 training shard")
-    data_dir = Path(data_dir); data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
     if "://" not in base_url: base_url = Path(base_url).resolve().as_uri()
     ids = list(range(min(n_shards, CLIMBMIX_VAL_SHARD))) + [CLIMBMIX_VAL_SHARD]
     out = []
     for i in ids:
         p = data_dir / shard_name(i)
-        if p.exists(): out.append(p); continue
+        if p.exists():
+            out.append(p)
+            continue
         log(f"downloading {p.name}")
         out.append(_fetch(f"{base_url.rstrip('/')}/{p.name}", p, log=log, **kw))
     return out
@@ -393,19 +483,32 @@ KIT_TOKENIZER_HINT = ("pass --tokenizer-dir DIR with the competition kit's token
                       "(or --train-tokenizer to train our own BPE, whose ids the scorer does not use)")
 
 def _climbmix_tokenizer_plan(tok_dir: Path, tokenizer: str, tokenizer_dir, own_tokenizer: bool) -> str:
-    "How `prepare` gets the ClimbMix tokenizer: 'install', 'keep' or 'train'; raises before any download when none applies."
-    if tokenizer_dir is not None: check_kit_tokenizer(tokenizer_dir); return "install"
+    """How `prepare` gets the ClimbMix tokenizer: 'install', 'keep' or 'train'; raises before any download when none
+    applies."""
+    if tokenizer_dir is not None:
+        check_kit_tokenizer(tokenizer_dir)
+        return "install"
     man = read_manifest(tok_dir)
     if man is not None and man["source"] == "kit": return "keep"
     if own_tokenizer or tokenizer == "gpt2":
-        print(f"warning: ClimbMix with a tokenizer other than the kit's ({'gpt2' if tokenizer == 'gpt2' else 'our own BPE'}): "
-              f"the scorer tokenises with the kit's fixed BPE, so this run's val_bpb is not comparable and its model cannot be "
-              f"submitted; use --tokenizer-dir DIR for the kit's", file=sys.stderr)
+        print(
+            f"warning: ClimbMix with a tokenizer other than the kit's "
+            f"({'gpt2' if tokenizer == 'gpt2' else 'our own BPE'}): "
+            f"the scorer tokenises with the kit's fixed BPE, so this run's val_bpb is not comparable and its model "
+            f"cannot be "
+            f"submitted; use --tokenizer-dir DIR for the kit's",
+            file=sys.stderr,
+        )
         return "train"
     if man is not None:
-        raise DataError(f"{tok_dir} holds a tokenizer with source {man['source']!r} (sha256.json), not the kit's; {KIT_TOKENIZER_HINT}")
+        raise DataError(
+            f"{tok_dir} holds a tokenizer with source {man['source']!r} (sha256.json), not the kit's; "
+            f"{KIT_TOKENIZER_HINT}"
+        )
     if (tok_dir / "tokenizer.pkl").exists():
-        check_kit_tokenizer(tok_dir); _write_manifest(tok_dir, "kit"); return "keep"  # the kit's files, dropped in by hand
+        check_kit_tokenizer(tok_dir)
+        _write_manifest(tok_dir, "kit")
+        return "keep"  # the kit's files, dropped in by hand
     raise DataError(f"prepare --source climbmix needs the kit's tokenizer: {KIT_TOKENIZER_HINT}")
 
 def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokenizer: str = "bpe8k",
@@ -444,5 +547,6 @@ def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokeniz
 def _capped_texts(paths, max_chars: int):
     n = 0
     for t in iter_documents(paths, window=0):
-        yield t; n += len(t)
+        yield t
+        n += len(t)
         if n >= max_chars: return

@@ -38,12 +38,15 @@ def qk_norm_experiment(data_dir, steps: int = 200, seed: int = 0, every: int = 1
     from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.optim import build_optimizers
     from neuronfrontier.train import train_step
-    train_paths, _ = find_shards(data_dir); enc, _ = load_tokenizer(Path(data_dir) / "tokenizer")
+
+    train_paths, _ = find_shards(data_dir)
+    enc, _ = load_tokenizer(Path(data_dir) / "tokenizer")
     out = {}
     for qk in (True, False):
         mcfg, tcfg = resolve(config, "frontier", [f"qk_norm={qk}"])
         torch.manual_seed(seed)
-        model = GPT(mcfg); opts = build_optimizers(model, tcfg, print_table=False)
+        model = GPT(mcfg)
+        opts = build_optimizers(model, tcfg, print_table=False)
         probe = next(PackedLoader(train_paths, enc, 4, mcfg.seq_len, seed=seed + 99))[0]
         loader, rec = PackedLoader(train_paths, enc, tcfg.batch_size, mcfg.seq_len, seed=seed), []
         t0 = time.time()

@@ -7,26 +7,32 @@ from __future__ import annotations
 import contextlib, importlib, warnings
 import torch
 import torch.nn.functional as F
+from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend', 'resolve',
-           'backend_table', 'torch_neuronx_module', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention',
-           'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch',
-           'window_mask', 'cross_entropy_torch', 'moe_mlp_torch']
+__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend', 'backend_for',
+           'backend_table', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'moe_mlp',
+           'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
-_KERNEL_MODULES = tuple(f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe"))
+_KERNEL_MODULES = tuple(
+    f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe")
+)
 _state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set()}
 
 def register(op: str, backend: str):
     "Decorator: make `fn` the implementation of `op` for `backend`."
     if op not in OPS: raise ValueError(f"unknown op {op!r}; ops are {', '.join(OPS)}")
     if backend not in ("torch", "nki-sim", "nki"): raise ValueError(f"cannot register backend {backend!r}")
-    def deco(fn): _IMPLS[op][backend] = fn; return fn
+
+    def deco(fn):
+        _IMPLS[op][backend] = fn
+        return fn
+
     return deco
 
 def parse_backend(spec: str) -> dict[str, str]:
@@ -34,18 +40,23 @@ def parse_backend(spec: str) -> dict[str, str]:
     spec = (spec or "auto").strip()
     out = {op: "auto" for op in OPS}
     if "=" not in spec:
-        if spec not in BACKENDS: raise ValueError(f"kernels={spec!r}: unknown backend; use one of {', '.join(BACKENDS)}")
+        if spec not in BACKENDS:
+            raise ValueError(f"kernels={spec!r}: unknown backend; use one of {', '.join(BACKENDS)}")
         return {op: spec for op in OPS}
     for part in spec.split(","):
         op, _, be = (x.strip() for x in part.partition("="))
         if op not in OPS: raise ValueError(f"kernels: unknown op {op!r}; ops are {', '.join(OPS)}")
-        if be not in BACKENDS: raise ValueError(f"kernels: unknown backend {be!r} for {op}; use one of {', '.join(BACKENDS)}")
+        if be not in BACKENDS:
+            raise ValueError(f"kernels: unknown backend {be!r} for {op}; use one of {', '.join(BACKENDS)}")
         out[op] = be
     return out
 
 def set_backend(spec: str) -> dict[str, str]:
     "Set the backend of every op (or of some, with 'op=backend,...'); returns the previous setting."
-    prev = dict(_state["spec"]); _state["spec"] = parse_backend(spec); return prev
+    prev = dict(_state["spec"])
+    _state["spec"] = parse_backend(spec)
+    return prev
+
 
 def pin_backends(backends: dict[str, str]) -> dict[str, str]:
     "Set the backend of the ops named in `backends` (op → backend) and keep the others'; returns the previous setting."
@@ -68,9 +79,11 @@ def _load_kernels():
         except ImportError as e:
             if e.name is None or not mod.startswith(e.name): raise  # only "this kernel is not there yet" is tolerated
             continue
-        if hasattr(m, "install"): m.install(register)  # a submission's kernel package (nf_kernels) registers into this table
+        if hasattr(m, "install"):
+            m.install(register)  # a submission's kernel package (nf_kernels) registers into this table
 
-def resolve(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
+
+def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
     want = _state["spec"][op]
     dev = torch.device(device).type
@@ -89,20 +102,18 @@ def _warn_once(key, message: str):
 
 def backend_table(device="cpu") -> dict[str, str]:
     "What actually runs for each op on `device` (fallbacks warn when the op is called, not here)."
-    return {op: resolve(op, device, warn=False) for op in OPS}
+    return {op: backend_for(op, device, warn=False) for op in OPS}
 
-def _call(op, first, *args, **kw): return _IMPLS[op][resolve(op, first.device)](first, *args, **kw)
+# the modules that register an op's `torch` backend when they are imported, where it is not this one
+_TORCH_FROM = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
 
-# %% ../nbs/03_ops.ipynb #0af597bd
-def torch_neuronx_module():
-    "`torch_neuronx` when the real NKI and TorchNeuron are both importable (a trn2 machine), else None; never raises."
-    from neuronfrontier.sim import REAL_NKI
-    if not REAL_NKI: return None
-    try:
-        import torch_neuronx
-        return torch_neuronx
-    except Exception:
-        return None
+def _call(op, first, *args, **kw):
+    impl = _IMPLS[op].get(backend_for(op, first.device))
+    if impl is None:
+        raise RuntimeError(
+            f"ops.{op}: no implementation registered yet; import {_TORCH_FROM.get(op, __name__)} first (the model does)"
+        )
+    return impl(first, *args, **kw)
 
 # %% ../nbs/03_ops.ipynb #4355f6cd
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
@@ -135,7 +146,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:
-    "Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets (< 0 ignored)."
+    """Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets (< 0
+    ignored)."""
     return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
 
 def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
@@ -170,13 +182,3 @@ def window_mask(T: int, window: int, device=None) -> torch.Tensor:
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(T, device=device)[None, :]
     return (j <= i) & (i - j <= window)
-
-@register("cross_entropy", "torch")
-def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
-    from neuronfrontier.loss import chunked_cross_entropy  # the loss notebook: never materialises [N, V] logits
-    return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
-
-@register("moe_mlp", "torch")
-def moe_mlp_torch(x, w_gate, w_up, w_down, block_expert):
-    from neuronfrontier.moe import expert_mlp  # the MoE notebook: grouped matmuls, or a loop over experts
-    return expert_mlp(x, w_gate, w_up, w_down, block_expert)

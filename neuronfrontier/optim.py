@@ -47,7 +47,9 @@ def ns_poly(x, steps: int = 5, coeffs="quintic"):
         x = a * x + x * x2 * (b + c * x2)
     return x
 
-def ns_output_band(lo: float, hi: float = 1.0, steps: int = 5, coeffs="quintic", n: int = 200_001) -> tuple[float, float]:
+def ns_output_band(
+    lo: float, hi: float = 1.0, steps: int = 5, coeffs="quintic", n: int = 200_001
+) -> tuple[float, float]:
     "Image [min, max] of [lo, hi] under the `steps`-fold composition (dense grid in float64)."
     x = torch.linspace(lo, hi, n, dtype=torch.float64)
     y = ns_poly(x, steps, coeffs)
@@ -80,30 +82,48 @@ def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dty
 def _dist_info(distributed: bool | None) -> tuple[int, int]:
     "(rank, world size) when the distributed path is on, else (0, 1)."
     on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    if distributed and not on: raise RuntimeError("distributed=True but torch.distributed is not initialised with >1 rank")
+    if distributed and not on:
+        raise RuntimeError("distributed=True but torch.distributed is not initialised with >1 rank")
     if distributed is False or not on: return 0, 1
     return dist.get_rank(), dist.get_world_size()
 
 class Muon(torch.optim.Optimizer):
-    "MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale, decoupled weight decay."
+    """MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale,
+    decoupled weight decay."""
+
     def __init__(self, params, lr: float = 0.025, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, coeffs="quintic", ns_dtype: torch.dtype | None = None,
                  distributed: bool | None = None, normuon: bool = False, beta2: float = 0.95, cautious_wd: bool = False,
                  ema: bool = False):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or ns_steps < 1 or not 0 <= beta2 < 1:
-            raise ValueError(f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, ns_steps={ns_steps}, beta2={beta2}")
+            raise ValueError(
+                f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
+                f"ns_steps={ns_steps}, beta2={beta2}"
+            )
         _resolve_coeffs(coeffs)
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, ns_steps=ns_steps, coeffs=coeffs,
-                        normuon=normuon, beta2=beta2, cautious_wd=cautious_wd, ema=ema)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            ns_steps=ns_steps,
+            coeffs=coeffs,
+            normuon=normuon,
+            beta2=beta2,
+            cautious_wd=cautious_wd,
+            ema=ema,
+        )
         super().__init__(params, defaults)
         for g in self.param_groups:
             for p in g["params"]:
-                if p.ndim < 2: raise ValueError(f"Muon takes matrices; got a parameter of shape {tuple(p.shape)} (use AdamW)")
+                if p.ndim < 2:
+                    raise ValueError(f"Muon takes matrices; got a parameter of shape {tuple(p.shape)} (use AdamW)")
         self.ns_dtype, self.distributed = ns_dtype, distributed
 
     @staticmethod
     def shape_scale(shape) -> float:
-        """√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest); for a 3-D stack of
+        """√max(1, rows/cols) for a [out, in] weight (rows = shape[0], cols = the product of the rest); for a 3-D stack
+        of
         expert matrices [E, in, out] (x @ W layout) that of one expert, rows = out = shape[2], cols = in = shape[1]."""
         rows, cols = (shape[2], shape[1]) if len(shape) == 3 else (shape[0], math.prod(shape[1:]))
         return max(1.0, rows / cols) ** 0.5
@@ -134,8 +154,13 @@ class Muon(torch.optim.Optimizer):
                 chunk = -(-K // world)
                 own = items[rank * chunk:(rank + 1) * chunk]
                 dtype = self.ns_dtype or default_ns_dtype(items[0][0].device)
-                O = (zeropower_via_newtonschulz5(torch.stack([u for _, u in own]), group["ns_steps"], group["coeffs"], dtype)
-                     if own else None)
+                O = (
+                    zeropower_via_newtonschulz5(
+                        torch.stack([u for _, u in own]), group["ns_steps"], group["coeffs"], dtype
+                    )
+                    if own
+                    else None
+                )
                 if world > 1:
                     send = torch.zeros(chunk, *shape, dtype=items[0][1].dtype, device=items[0][1].device)
                     if own: send[:len(own)] = O
@@ -154,7 +179,8 @@ class Muon(torch.optim.Optimizer):
         return loss
 
 def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-10) -> Tensor:
-    "NorMuon: divide each neuron (row, or column of a wide matrix) of the update `o` [m, n] by its running RMS, keep ‖o‖_F."
+    """NorMuon: divide each neuron (row, or column of a wide matrix) of the update `o` [m, n] by its running RMS, keep
+    ‖o‖_F."""
     of = o.float()
     v = of.square().mean(dim=1 if o.shape[0] >= o.shape[1] else 0, keepdim=True)  # [m, 1] or [1, n]
     if "second_moment" not in state: state["second_moment"] = torch.zeros_like(v)
@@ -171,38 +197,42 @@ def _role(name: str, p: Tensor) -> str:
     if name.startswith("lm_head."): return "head"
     return "scalar"
 
-def build_optimizers(model: nn.Module, recipe, print_table: bool = True, ns_dtype: torch.dtype | None = None,
+def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype: torch.dtype | None = None,
                      coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
-    "Split `model`'s parameters into Muon (2D block weights, when `recipe.optim == 'muon'`) and AdamW groups; return the optimizers."
-    if recipe.optim not in ("adamw", "muon"): raise ValueError(f"optim={recipe.optim!r} is unknown; use adamw or muon")
-    use_muon = recipe.optim == "muon"
-    width = (_d_model(model) / 768) ** -0.5 if recipe.lr_width_scale else 1.0
+    """Split `model`'s parameters into Muon (2D block weights, when `tcfg.optim == 'muon'`) and AdamW groups; return
+    the optimizers."""
+    if tcfg.optim not in ("adamw", "muon"): raise ValueError(f"optim={tcfg.optim!r} is unknown; use adamw or muon")
+    use_muon = tcfg.optim == "muon"
+    width = (_d_model(model) / 768) ** -0.5 if tcfg.lr_width_scale else 1.0
     # the layer scalars: the residual ones at `resid_lr_scale` × the scalar rate, the x0 ones with their own β1
-    lrs = {"block": recipe.muon_lr if use_muon else recipe.lr, "router": recipe.lr, "embed": recipe.embed_lr * width,
-           "head": recipe.head_lr * width, "scalar": recipe.scalar_lr,
-           "resid": recipe.scalar_lr * recipe.resid_lr_scale,
-           "x0": recipe.scalar_lr}
-    betas = {"x0": (recipe.x0_beta1, recipe.beta2)} if recipe.x0_beta1 is not None else {}
+    lrs = {"block": tcfg.muon_lr if use_muon else tcfg.lr, "router": tcfg.lr, "embed": tcfg.embed_lr * width,
+           "head": tcfg.head_lr * width, "scalar": tcfg.scalar_lr,
+           "resid": tcfg.scalar_lr * tcfg.resid_lr_scale,
+           "x0": tcfg.scalar_lr}
+    betas = {"x0": (tcfg.x0_beta1, tcfg.beta2)} if tcfg.x0_beta1 is not None else {}
     muon_params, adam_groups, rows = [], {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
         role = _role(name, p)
-        wd = recipe.weight_decay if role == "block" else 0.0
+        wd = tcfg.weight_decay if role == "block" else 0.0
         if role == "block" and use_muon:
-            muon_params.append(p); rows.append((name, tuple(p.shape), "muon", lrs[role], wd)); continue
+            muon_params.append(p)
+            rows.append((name, tuple(p.shape), "muon", lrs[role], wd))
+            continue
         group = dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd, initial_weight_decay=wd, role=role)
         adam_groups.setdefault(role, {**group, **({"betas": betas[role]} if role in betas else {})})
-        adam_groups[role]["params"].append(p); rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
+        adam_groups[role]["params"].append(p)
+        rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
     opts = []
     if muon_params:
         opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block",
-                               initial_weight_decay=recipe.weight_decay)],
-                         lr=lrs["block"], momentum=recipe.muon_momentum, weight_decay=recipe.weight_decay,
-                         coeffs=coeffs or recipe.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
-                         normuon=recipe.normuon, cautious_wd=recipe.cautious_wd, ema=recipe.muon_ema))
+                               initial_weight_decay=tcfg.weight_decay)],
+                         lr=lrs["block"], momentum=tcfg.muon_momentum, weight_decay=tcfg.weight_decay,
+                         coeffs=coeffs or tcfg.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
+                         normuon=tcfg.normuon, cautious_wd=tcfg.cautious_wd, ema=tcfg.muon_ema))
     if adam_groups:
-        opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=recipe.lr, betas=(recipe.beta1, recipe.beta2),
-                                      eps=recipe.adam_eps, weight_decay=0.0))
+        opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2),
+                                      eps=tcfg.adam_eps, weight_decay=0.0))
     if print_table: print(optimizer_table(rows))
     return opts
 
@@ -270,13 +300,18 @@ def ns_flops(shape, steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m ** 3)
 
 def muon_shapes(cfg) -> list[tuple[int, int]]:
-    "Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each expert of an MoE layer counted as its own matrices)."
+    """Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each
+    expert of an MoE layer counted as its own matrices)."""
     d, a = cfg.d_model, cfg.d_attn
     def mlp(f, n=1): return n * ([(f, d), (f, d), (d, f)] if cfg.mlp == "swiglu" else [(f, d), (d, f)])
     out = []
     for i in range(cfg.n_layers):
         if i in cfg.moe_layer_ids:  # experts are SwiGLU
-            shared = [(cfg.n_shared_experts * cfg.d_expert, d)] * 2 + [(d, cfg.n_shared_experts * cfg.d_expert)] if cfg.n_shared_experts else []
+            shared = (
+                [(cfg.n_shared_experts * cfg.d_expert, d)] * 2 + [(d, cfg.n_shared_experts * cfg.d_expert)]
+                if cfg.n_shared_experts
+                else []
+            )
             ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
         else: ffn = mlp(cfg.d_mlp)
         out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) else [])

@@ -123,11 +123,13 @@ def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, see
     tol = getattr(module, "TOL", DEFAULT_TOL).get(dtype, DEFAULT_TOL.get(dtype, 1e-4))
     res = {"ok": False, "reason": "", "errors": {}, "impl_s": None, "torch_s": None, "tol": tol}
     def timed(fn):
-        fn(); sync()   # the first call compiles (a kernel) or warms the allocator
+        fn()
+        sync()  # the first call compiles (a kernel) or warms the allocator
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
-            fn(); sync()
+            fn()
+            sync()
             times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
     try:
@@ -158,7 +160,7 @@ def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, see
 # %% ../nbs/25_resilience.ipynb #68ae23d4
 def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda: None, agree=None) -> dict:
     "{op: {'backend', 'reason', 'impl_ms', 'torch_ms', 'errors'}} for the ops `model` calls that run nki on `device`."
-    wanted = [op for op in ops.OPS if ops.resolve(op, device, warn=False) == "nki"]
+    wanted = [op for op in ops.OPS if ops.backend_for(op, device, warn=False) == "nki"]
     if not wanted: return {}
     t0 = time.perf_counter()
     calls = capture_op_calls(model, x, y, wanted, autocast_ctx)
@@ -195,7 +197,11 @@ def _to_host(obj):
 
 class HostSnapshot:
     "A host copy of the last finite weights and optimizer state (`take`), put back by `restore`; its costs are counted."
-    def __init__(self): self.model = self.opts = self.step = None; self.count, self.seconds, self.nbytes = 0, 0.0, 0
+
+    def __init__(self):
+        self.model = self.opts = self.step = None
+        self.count, self.seconds, self.nbytes = 0, 0.0, 0
+
     def take(self, model, opts, step: int):
         t0 = time.perf_counter()
         self.model, self.opts, self.step = _to_host(model.state_dict()), [_to_host(o.state_dict()) for o in opts], step
@@ -221,7 +227,9 @@ class HostSnapshot:
 def time_limit(seconds: float | None, what: str = "this"):
     "Raise TimeoutError in the main thread if the block runs longer than `seconds` (None, or another thread: no limit)."
     if not seconds or threading.current_thread() is not threading.main_thread():
-        yield; return
+        yield
+        return
+
     def expired(signum, frame): raise TimeoutError(f"{what} took longer than its {seconds:.0f} s")
     prev = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)

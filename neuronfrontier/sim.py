@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import ml_dtypes
 from .hw import TRN2, estimate_time, INSTRUCTION_LIMIT, MAX_LNC
+from .neuron import real_nki
 
 # %% auto #0
 __all__ = ['NKI_API', 'emu_nl', 'emu_nisa', 'emu_lnc', 'emu_compiler', 'emu_nki', 'EMU_MODULES', 'NOT_SIMULATED', 'REAL_NKI',
@@ -88,7 +89,12 @@ class MemoryRegion(Enum):
     shared_hbm = 'shared_hbm'
     def __repr__(self): return f'nl.{self.name}'
 
-sbuf, psum, private_hbm, shared_hbm = MemoryRegion.sbuf, MemoryRegion.psum, MemoryRegion.private_hbm, MemoryRegion.shared_hbm
+sbuf, psum, private_hbm, shared_hbm = (
+    MemoryRegion.sbuf,
+    MemoryRegion.psum,
+    MemoryRegion.private_hbm,
+    MemoryRegion.shared_hbm,
+)
 hbm = private_hbm
 _ONCHIP = frozenset((sbuf, psum))
 _SBUF, _PSUM, _HBM = frozenset((sbuf,)), frozenset((psum,)), frozenset((private_hbm, shared_hbm))
@@ -155,13 +161,30 @@ class dma_engine(_Enum):
     dma = 1
     gpsimd_dma = 2
 
-tensor_engine, vector_engine, scalar_engine, gpsimd_engine, unknown_engine = (engine.tensor, engine.vector, engine.scalar,
-                                                                               engine.gpsimd, engine.unknown)
-_Engine, _ReduceCmd, _Dge, _Oob, _PerfMode = engine, reduce_cmd, dge_mode, oob_mode, matmul_perf_mode   # parameters shadow these names
+tensor_engine, vector_engine, scalar_engine, gpsimd_engine, unknown_engine = (
+    engine.tensor,
+    engine.vector,
+    engine.scalar,
+    engine.gpsimd,
+    engine.unknown,
+)
+_Engine, _ReduceCmd, _Dge, _Oob, _PerfMode = (
+    engine,
+    reduce_cmd,
+    dge_mode,
+    oob_mode,
+    matmul_perf_mode,
+)  # parameters shadow these names
+
 
 def _enum(v, cls, op, role):
     if type(v) is cls: return v
-    _fail(op, f'{role}={v!r} must be a member of nisa.{cls.__name__} (integer or string constants are not accepted since NKI 0.3)')
+    _fail(
+        op,
+        f'{role}={v!r} must be a member of nisa.{cls.__name__} (integer or string constants are not accepted since '
+        f'NKI 0.3)',
+    )
+
 
 def get_nc_version(): return nc_version.gen3
 def get_nc_sub_version(): return 0
@@ -180,7 +203,8 @@ class NkiTensor:
     __slots__ = ('_data', '_alloc', '_acc', '_ind')   # _ind: an indirect view (made by a dynamic select)
 
     def __init__(self, shape, dtype, storage, buffer=sbuf, name=''):
-        if not isinstance(storage, _Alloc): _not_simulated('nl.NkiTensor(shape, dtype, storage)', 'allocate with nl.ndarray')
+        if not isinstance(storage, _Alloc):
+            _not_simulated('nl.NkiTensor(shape, dtype, storage)', 'allocate with nl.ndarray')
         d = storage.data.reshape(-1).view(_dtype(dtype))
         n = int(np.prod(shape, dtype=np.int64))
         if n > d.size: _fail('NkiTensor', f'shape {tuple(shape)} needs {n} elements, the storage holds {d.size}')
@@ -204,7 +228,11 @@ class NkiTensor:
     def __repr__(self):
         return f'NkiTensor({self.name or "?"}, shape={self.shape}, dtype={_dtname(self.dtype)}, buffer={self.buffer!r})'
     def __setitem__(self, key, value):
-        _fail('NkiTensor', 'tensors are written by instructions (nisa.tensor_copy, nisa.dma_copy, nl.store), not by assignment')
+        _fail(
+            'NkiTensor',
+            'tensors are written by instructions (nisa.tensor_copy, nisa.dma_copy, nl.store), not by assignment',
+        )
+
     def __bool__(self):
         # NKI 0.7+ specialises a kernel by tracing it: a tensor's values do not exist yet, so Python cannot branch on
         # them
@@ -232,7 +260,10 @@ class NkiTensor:
         dim = self._dim(dim, 'NkiTensor.slice')
         n = self.shape[dim]
         if step < 1 or not 0 <= start < end <= n:
-            _fail('NkiTensor.slice', f'{start}:{end}:{step} of dim {dim} (size {n}) needs 0 <= start < end <= {n} and step >= 1')
+            _fail(
+                'NkiTensor.slice',
+                f'{start}:{end}:{step} of dim {dim} (size {n}) needs 0 <= start < end <= {n} and step >= 1',
+            )
         return self[(slice(None),) * dim + (slice(start, end, step),)]
 
     def select(self, dim, index):
@@ -241,13 +272,15 @@ class NkiTensor:
         at run time (see `_dynamic_select`)."""
         if isinstance(index, NkiTensor): return self._dynamic_select(dim, index)
         dim = self._dim(dim, 'NkiTensor.select')
-        if not 0 <= index < self.shape[dim]: _fail('NkiTensor.select', f'index {index} out of range for dim {dim} of {self.shape}')
+        if not 0 <= index < self.shape[dim]:
+            _fail('NkiTensor.select', f'index {index} out of range for dim {dim} of {self.shape}')
         return self[(slice(None),) * dim + (int(index),)]
 
     def permute(self, dims):
         "Reorder the dimensions (on chip the partition dimension stays first)."
         dims = tuple(dims)
-        if sorted(dims) != list(range(self.ndim)): _fail('NkiTensor.permute', f'{dims} is not a permutation of the {self.ndim} dims of {self.shape}')
+        if sorted(dims) != list(range(self.ndim)):
+            _fail('NkiTensor.permute', f'{dims} is not a permutation of the {self.ndim} dims of {self.shape}')
         if dims[0] != 0: self._onchip_dim('NkiTensor.permute', 0, 'cannot move')
         return self._view(lambda a: a.transpose(dims), 'NkiTensor.permute')
 
@@ -255,7 +288,8 @@ class NkiTensor:
         "Repeat a size-1 dimension `size` times (a stride-0 view)."
         dim = self._dim(dim, 'NkiTensor.broadcast')
         self._onchip_dim('NkiTensor.broadcast', dim, 'cannot broadcast')
-        if self.shape[dim] != 1: _fail('NkiTensor.broadcast', f'dim {dim} of {self.shape} has size {self.shape[dim]}, not 1')
+        if self.shape[dim] != 1:
+            _fail('NkiTensor.broadcast', f'dim {dim} of {self.shape} has size {self.shape[dim]}, not 1')
         shp = self.shape[:dim] + (size,) + self.shape[dim + 1:]
         return self._view(lambda a: np.broadcast_to(a, shp), 'NkiTensor.broadcast')
 
@@ -269,7 +303,8 @@ class NkiTensor:
         "Remove the size-1 dimension `dim`."
         dim = self._dim(dim, 'NkiTensor.squeeze_dim')
         self._onchip_dim('NkiTensor.squeeze_dim', dim, 'cannot remove')
-        if self.shape[dim] != 1: _fail('NkiTensor.squeeze_dim', f'dim {dim} of {self.shape} has size {self.shape[dim]}, not 1')
+        if self.shape[dim] != 1:
+            _fail('NkiTensor.squeeze_dim', f'dim {dim} of {self.shape} has size {self.shape[dim]}, not 1')
         return self._view(lambda a: np.squeeze(a, dim), 'NkiTensor.squeeze_dim')
 
     def reshape_dim(self, dim, shape):
@@ -277,7 +312,8 @@ class NkiTensor:
         dim = self._dim(dim, 'NkiTensor.reshape_dim')
         n, shape = self.shape[dim], list(shape)
         if shape.count(-1) == 1: shape[shape.index(-1)] = n // max(1, -int(np.prod(shape)))
-        if int(np.prod(shape)) != n: _fail('NkiTensor.reshape_dim', f'{tuple(shape)} does not split dim {dim} of size {n}')
+        if int(np.prod(shape)) != n:
+            _fail('NkiTensor.reshape_dim', f'{tuple(shape)} does not split dim {dim} of size {n}')
         if len(shape) > 1: self._onchip_dim('NkiTensor.reshape_dim', dim, 'cannot split')
         return self.reshape(self.shape[:dim] + tuple(shape) + self.shape[dim + 1:])
 
@@ -292,14 +328,20 @@ class NkiTensor:
         "The same elements with a new shape, without copying (on chip the partition count stays)."
         shape = tuple(int(s) for s in ((shape,) if isinstance(shape, (int, np.integer)) else shape))
         if int(np.prod(shape)) != self.size:
-            _fail('NkiTensor.reshape', f'shape {shape} has {int(np.prod(shape))} elements, the tensor {self.shape} has {self.size}')
+            _fail(
+                'NkiTensor.reshape',
+                f'shape {shape} has {int(np.prod(shape))} elements, the tensor {self.shape} has {self.size}',
+            )
         if self._alloc.buffer in _ONCHIP and shape[0] != self.shape[0]:
             _fail('NkiTensor.reshape', f'{self.shape} -> {shape} changes the partition dimension of an on-chip tensor')
         def f(a):
-            v = a.view(); v.shape = shape   # raises when the layout does not allow a view
+            v = a.view()
+            v.shape = shape  # raises when the layout does not allow a view
             return v
-        try: return self._view(f, 'NkiTensor.reshape')
-        except AttributeError: _fail('NkiTensor.reshape', f'{self.shape} -> {shape} is not a view of this layout (strides {self.strides})')
+        try:
+            return self._view(f, 'NkiTensor.reshape')
+        except AttributeError:
+            _fail('NkiTensor.reshape', f'{self.shape} -> {shape} is not a view of this layout (strides {self.strides})')
 
     def view(self, dtype):
         "Reinterpret the bits as `dtype`; the last dimension scales by the ratio of element sizes."
@@ -332,7 +374,8 @@ class NkiTensor:
         index before making the view, as the hardware's descriptor generation would need it before the DMA anyway."""
         op = 'NkiTensor.select'
         dim = self._dim(dim, op)
-        if self._ind: _fail(op, f'{self.shape} is already an indirect view: one dynamic select per tensor (check is_indirect())')
+        if self._ind:
+            _fail(op, f'{self.shape} is already an indirect view: one dynamic select per tensor (check is_indirect())')
         if self._alloc.buffer in _ONCHIP and dim == 0:
             _fail(op, f'a dynamic select cannot index the partition dimension 0 of an on-chip tensor {self.shape}')
         if index.size != 1 or index.dtype.kind not in 'iu' or index.buffer is not sbuf:
@@ -350,7 +393,8 @@ class NkiTensor:
         """A view from an explicit access pattern [[step, count], ...] over the *storage* (not over this view): element
         (i0, i1, ...) is storage[base + Σ i_k·step_k]; base = this view's offset, plus `offset` when given."""
         op = 'NkiTensor.ap'
-        if scalar_offset is not None or vector_offset is not None: _not_simulated(f'{op} with scalar_offset/vector_offset', 'dynamic indirect access; use .select')
+        if scalar_offset is not None or vector_offset is not None:
+            _not_simulated(f'{op} with scalar_offset/vector_offset', 'dynamic indirect access; use .select')
         if self._ind: _not_simulated(f'{op} of an indirect view')
         pattern = [list(p) for p in pattern]
         if not pattern or any(len(p) != 2 or p[1] < 1 for p in pattern) or len(pattern) > 5:
@@ -364,10 +408,15 @@ class NkiTensor:
         if self._alloc.buffer in _ONCHIP:
             pf = flat.size // self._alloc.data.shape[0]
             if pattern[0][0] != pf and pattern[0][1] > 1:
-                _fail(op, f'pattern {pattern}: the partition step must be the storage\'s {pf} free elements (no partition stride)')
+                _fail(
+                    op,
+                    f'pattern {pattern}: the partition step must be the storage\'s {pf} free elements (no partition '
+                    f'stride)',
+                )
         lo = base + sum(min(0, s * (n - 1)) for s, n in pattern)
         hi = base + sum(max(0, s * (n - 1)) for s, n in pattern)
-        if lo < 0 or hi >= flat.size: _fail(op, f'pattern {pattern} at offset {base} reaches elements {lo}..{hi} of a storage of {flat.size}')
+        if lo < 0 or hi >= flat.size:
+            _fail(op, f'pattern {pattern} at offset {base} reaches elements {lo}..{hi} of a storage of {flat.size}')
         shp, st = tuple(n for _, n in pattern), tuple(s * dt.itemsize for s, _ in pattern)
         d = np.lib.stride_tricks.as_strided(flat[base:], shp, st)
         acc = None
@@ -377,11 +426,15 @@ class NkiTensor:
         return NkiTensor._of(d, self._alloc, acc)
 
     def vector_select(self, dim, vector_offset): _not_simulated('NkiTensor.vector_select', 'dynamic indirect access')
-    def indirect(self, index, num_elem=None): _fail('NkiTensor.indirect', 'tensor indirection needs NeuronCore-v4 (trn3); trn2 is NeuronCore-v3')
+
+    def indirect(self, index, num_elem=None):
+        _fail('NkiTensor.indirect', 'tensor indirection needs NeuronCore-v4 (trn3); trn2 is NeuronCore-v3')
+
     def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None): _not_simulated('NkiTensor.rearrange')
 
 def _index(t, key):
-    "NKI indexing → a NumPy basic index: bounds checked, on chip the partition dim kept, on-chip results >= 2-D, HBM >= 1-D."
+    """NKI indexing → a NumPy basic index: bounds checked, on chip the partition dim kept, on-chip results >= 2-D, HBM
+    >= 1-D."""
     shape = t._data.shape
     key = key if type(key) is tuple else (key,)
     if Ellipsis in key:
@@ -404,12 +457,17 @@ def _index(t, key):
         elif isinstance(k, (int, np.integer)):
             i = int(k) + n if k < 0 else int(k)
             if not 0 <= i < n: _fail('indexing', f'index {k} out of range for dim {dim} of shape {shape}')
-            if onchip and dim == 0: out.append(slice(i, i + 1))
-            else: out.append(i); ints.append(dim)
-        elif isinstance(k, NkiTensor): _not_simulated('indexing with a tensor', 'dynamic indirect access; use .ap or .select')
+            if onchip and dim == 0:
+                out.append(slice(i, i + 1))
+            else:
+                out.append(i)
+                ints.append(dim)
+        elif isinstance(k, NkiTensor):
+            _not_simulated('indexing with a tensor', 'dynamic indirect access; use .ap or .select')
         else: _fail('indexing', f'unsupported index {k!r} (ints, slices, nl.ds, ...)')
-    while ints and len(shape) - len(ints) < (2 if onchip else 1):   # keep the last dropped dim at size 1
-        d = ints.pop(); out[d] = slice(out[d], out[d] + 1)
+    while ints and len(shape) - len(ints) < (2 if onchip else 1):  # keep the last dropped dim at size 1
+        d = ints.pop()
+        out[d] = slice(out[d], out[d] + 1)
     return tuple(out)
 
 def ds(start, size):
@@ -437,8 +495,10 @@ class Trace:
     dma_count: int = 0
     instructions: dict = field(default_factory=dict)         # API calls by name (nc_matmul, dma_copy, ...)
     engine_instructions: dict = field(default_factory=dict)  # ISA instructions by engine, as the compiler emits them
-    program_instructions: list = field(default_factory=list) # ISA instructions of each core's program
-    timeline: list = field(default_factory=list, repr=False)  # (call index, live SBUF B/partition, live PSUM B/partition)
+    program_instructions: list = field(default_factory=list)  # ISA instructions of each core's program
+    timeline: list = field(
+        default_factory=list, repr=False
+    )  # (call index, live SBUF B/partition, live PSUM B/partition)
     timeline_ops: list = field(default_factory=list, repr=False)  # (call, engine) of each timeline sample
     wall_s: float = 0.0           # host seconds the simulation took
     dry: bool = False             # counted by `dry_run` (no numerics)
@@ -454,14 +514,30 @@ class Trace:
         "Two calls back to back (e.g. the kernels of one training step): counters add, peaks take the maximum."
         merge = lambda a, b: {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
         add = lambda f: getattr(self, f) + getattr(o, f)
-        return Trace(kernel=f'{self.kernel}+{o.kernel}', lnc=max(self.lnc, o.lnc), wall_s=add('wall_s'),
-                     instructions=merge(self.instructions, o.instructions),
-                     engine_instructions=merge(self.engine_instructions, o.engine_instructions),
-                     matmul_flops=merge(self.matmul_flops, o.matmul_flops),
-                     program_instructions=self.program_instructions + o.program_instructions,
-                     peak_sbuf_bytes=max(self.peak_sbuf_bytes, o.peak_sbuf_bytes), peak_psum_bytes=max(self.peak_psum_bytes, o.peak_psum_bytes),
-                     **{f: add(f) for f in ('hbm_read_bytes', 'hbm_write_bytes', 'tensor_flops', 'pe_cycles', 'vector_elems',
-                                            'scalar_elems', 'gpsimd_elems', 'dma_count')})
+        return Trace(
+            kernel=f'{self.kernel}+{o.kernel}',
+            lnc=max(self.lnc, o.lnc),
+            wall_s=add('wall_s'),
+            instructions=merge(self.instructions, o.instructions),
+            engine_instructions=merge(self.engine_instructions, o.engine_instructions),
+            matmul_flops=merge(self.matmul_flops, o.matmul_flops),
+            program_instructions=self.program_instructions + o.program_instructions,
+            peak_sbuf_bytes=max(self.peak_sbuf_bytes, o.peak_sbuf_bytes),
+            peak_psum_bytes=max(self.peak_psum_bytes, o.peak_psum_bytes),
+            **{
+                f: add(f)
+                for f in (
+                    'hbm_read_bytes',
+                    'hbm_write_bytes',
+                    'tensor_flops',
+                    'pe_cycles',
+                    'vector_elems',
+                    'scalar_elems',
+                    'gpsimd_elems',
+                    'dma_count',
+                )
+            },
+        )
     def __radd__(self, o): return self if o == 0 else self.__add__(o)   # sum(traces)
 
     def estimate(self, hw=TRN2, cores=1):
@@ -519,20 +595,33 @@ def _alloc(shape, dtype, buffer, name='', op='nl.ndarray', fill='nan', data=None
     if any(s < 1 for s in shape): _fail(op, f'shape {shape}: every dimension must be >= 1')
     dt = _dtype(dtype, op) if data is None else data.dtype
     buffer = _buffer(buffer, op)
-    a = _Alloc(); a.buffer, a.name, a.acc, a.nbytes_pp = buffer, name, None, 0
+    a = _Alloc()
+    a.buffer, a.name, a.acc, a.nbytes_pp = buffer, name, None, 0
     if buffer in _ONCHIP:
         hw = st.hw
         if len(shape) == 0: _fail(op, f'tensor {name!r} on {buffer.name} needs a partition dimension (shape ())')
         if shape[0] > hw.partitions:
-            _fail(op, f'partition dimension {shape[0]} of {name or "tensor"!r} exceeds the limit of {hw.partitions} (shape {shape}, {buffer.name})')
+            _fail(
+                op,
+                f'partition dimension {shape[0]} of {name or "tensor"!r} exceeds the limit of {hw.partitions} (shape '
+                f'{shape}, {buffer.name})',
+            )
         free_b = int(np.prod(shape[1:], dtype=np.int64)) * dt.itemsize
         if buffer is psum:
             if free_b > hw.psum_bank_bytes:
-                _fail(op, f'PSUM tile {name or "tensor"!r} needs {free_b} bytes per partition, exceeding one PSUM bank of {hw.psum_bank_bytes} bytes (shape {shape}, {_dtname(dt)})')
+                _fail(
+                    op,
+                    f'PSUM tile {name or "tensor"!r} needs {free_b} bytes per partition, exceeding one PSUM bank of '
+                    f'{hw.psum_bank_bytes} bytes (shape {shape}, {_dtname(dt)})',
+                )
             nb = hw.psum_bank_bytes * max(1, -(-free_b // hw.psum_bank_bytes))
         else:
             if free_b > hw.sbuf_budget_pp:
-                _fail(op, f'SBUF tensor {name or "tensor"!r} needs {free_b} bytes per partition, exceeding the SBUF budget of {hw.sbuf_budget_pp} bytes (shape {shape}, {_dtname(dt)})')
+                _fail(
+                    op,
+                    f'SBUF tensor {name or "tensor"!r} needs {free_b} bytes per partition, exceeding the SBUF budget '
+                    f'of {hw.sbuf_budget_pp} bytes (shape {shape}, {_dtname(dt)})',
+                )
             nb = free_b
         a.nbytes_pp = nb
         st.live[buffer] += nb
@@ -552,13 +641,18 @@ def ndarray(shape, dtype, buffer=sbuf, name='', address=None):
     "`nl.ndarray`: a new tensor in `buffer`, filled with NaN (unwritten memory)."
     if address is not None: _not_simulated('nl.ndarray(address=...)', 'manual placement')
     st = _st()
-    if buffer is shared_hbm and st.lnc > 1:   # the programs of an LNC=2 launch share one output tensor
-        i = st.shared_i; st.shared_i += 1
+    if buffer is shared_hbm and st.lnc > 1:  # the programs of an LNC=2 launch share one output tensor
+        i = st.shared_i
+        st.shared_i += 1
         if i < len(st.shared):
             t = st.shared[i]
             shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
             if t.shape != shape or t.dtype != _dtype(dtype):
-                _fail('nl.ndarray', f'core {st.pid} allocates shared_hbm tensor #{i} as {shape} {_dtname(_dtype(dtype))}, core 0 as {t.shape} {_dtname(t.dtype)}')
+                _fail(
+                    'nl.ndarray',
+                    f'core {st.pid} allocates shared_hbm tensor #{i} as {shape} {_dtname(_dtype(dtype))}, core 0 as '
+                    f'{t.shape} {_dtname(t.dtype)}',
+                )
             return t
         t = _alloc(shape, dtype, buffer, name)
         st.shared.append(t)
@@ -611,7 +705,9 @@ class NKIObject:
     def __init__(self, **kwargs): self.__dict__.update(kwargs)
 
 class NkiInstruction(NKIObject):
-    "`nisa.NkiInstruction`: handle of an instruction; dependencies are already honoured (every instruction runs in order)."
+    """`nisa.NkiInstruction`: handle of an instruction; dependencies are already honoured (every instruction runs in
+    order)."""
+
     def __init__(self, handle): self.handle = handle
     def depends_on(self, *producers): return self
 
@@ -620,17 +716,22 @@ _HANDLE = NkiInstruction(None)   # what every nisa instruction returns
 
 def _tick(op, eng, n_isa=1, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None, flops_key=None):
     "Count one API call: `n_isa` ISA instructions on engine `eng` and its work; check the live on-chip bytes."
-    st = _st(); tr = st.trace
+    st = _st()
+    tr = st.trace
     tr.instructions[op] = tr.instructions.get(op, 0) + 1
     tr.engine_instructions[eng] = tr.engine_instructions.get(eng, 0) + n_isa
     if not st.dry: tr.timeline_ops.append((op, eng))
     st.prog += n_isa
-    tr.vector_elems += vec; tr.scalar_elems += act; tr.gpsimd_elems += pool
-    tr.tensor_flops += flops; tr.pe_cycles += pe
+    tr.vector_elems += vec
+    tr.scalar_elems += act
+    tr.gpsimd_elems += pool
+    tr.tensor_flops += flops
+    tr.pe_cycles += pe
     if flops_key is not None: tr.matmul_flops[flops_key] = tr.matmul_flops.get(flops_key, 0) + flops
     s, p = st.live[sbuf], st.live[psum]
     if fresh is not None:
-        # An allocating call (nl.load, nl.zeros, nl.exp(t), ...) runs before its result is bound to a name, while the tile
+        # An allocating call (nl.load, nl.zeros, nl.exp(t), ...) runs before its result is bound to a name, while the
+        # tile
         # that name held (last loop iteration's) is still referenced: limits and peaks are checked at the next call that
         # allocates nothing, when Python has dropped the dead tiles.
         if fresh._alloc.buffer is sbuf: s -= fresh._alloc.nbytes_pp
@@ -640,10 +741,18 @@ def _tick(op, eng, n_isa=1, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None, flo
     hw = st.hw
     if s > hw.sbuf_budget_pp:
         n = st.newest[sbuf]
-        _fail(op, f'live SBUF {s} bytes per partition exceeds the budget of {hw.sbuf_budget_pp} bytes (newest tile {n[0]!r} shape {n[1]} {n[2]}); drop references to dead tiles or use smaller tiles')
+        _fail(
+            op,
+            f'live SBUF {s} bytes per partition exceeds the budget of {hw.sbuf_budget_pp} bytes (newest tile {n[0]!r} '
+            f'shape {n[1]} {n[2]}); drop references to dead tiles or use smaller tiles',
+        )
     if p > hw.psum_bytes_pp:
         n = st.newest[psum]
-        _fail(op, f'live PSUM {p} bytes per partition exceeds the limit of {hw.psum_bytes_pp} bytes, 8 banks of {hw.psum_bank_bytes} (newest tile {n[0]!r} shape {n[1]} {n[2]})')
+        _fail(
+            op,
+            f'live PSUM {p} bytes per partition exceeds the limit of {hw.psum_bytes_pp} bytes, 8 banks of '
+            f'{hw.psum_bank_bytes} (newest tile {n[0]!r} shape {n[1]} {n[2]})',
+        )
     if s > tr.peak_sbuf_bytes: tr.peak_sbuf_bytes = s
     if p > tr.peak_psum_bytes: tr.peak_psum_bytes = p
     if not st.dry: tr.timeline.append((len(tr.timeline), s, p))
@@ -651,7 +760,8 @@ def _tick(op, eng, n_isa=1, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None, flo
 
 # %% ../nbs/11_nki_sim.ipynb #f8697dba
 def _opnd(op, role, t, bufs=_ONCHIP):
-    "Check an instruction operand: a tensor, in one of `bufs`; on chip ≤ 128 consecutive partitions starting where trn2 allows."
+    """Check an instruction operand: a tensor, in one of `bufs`; on chip ≤ 128 consecutive partitions starting where
+    trn2 allows."""
     if type(t) is not NkiTensor: _fail(op, f'{role} must be a NKI tensor, got {type(t).__name__} {t!r}')
     b = t._alloc.buffer
     if b not in bufs:
@@ -662,11 +772,19 @@ def _opnd(op, role, t, bufs=_ONCHIP):
         if n > 128: _fail(op, f'{role} partition dimension {n} exceeds the limit of 128 (shape {t.shape})')
         ps = a.strides[0]
         if n > 1 and d.strides[0] != ps:
-            _fail(op, f'{role} (shape {t.shape}) steps over partitions with stride {d.strides[0] // ps if ps else 0}: an access covers consecutive partitions')
+            _fail(
+                op,
+                f'{role} (shape {t.shape}) steps over partitions with stride {d.strides[0] // ps if ps else 0}: an '
+                f'access covers consecutive partitions',
+            )
         p0 = (_ptr(d) - _ptr(a)) // ps if ps else 0
         if p0 and (n > 64 or (n > 32 and p0 != 64) or p0 % 32):
             ok = '0' if n > 64 else '0 or 64' if n > 32 else '0, 32, 64 or 96'
-            _fail(op, f'{role} covers partitions {p0}..{p0 + n - 1}: an access of {n} partition{"s" * (n > 1)} must start at partition {ok}')
+            _fail(
+                op,
+                f'{role} covers partitions {p0}..{p0 + n - 1}: an access of {n} partition{"s" * (n > 1)} must start '
+                f'at partition {ok}',
+            )
     return t
 
 def _pf(t):
@@ -677,7 +795,10 @@ def _pf(t):
 def _layout(op, t, role, ref, rref):
     "Operands and dst agree in partition count and in elements per partition (no implicit broadcast or reshape)."
     if _pf(t) != _pf(ref):
-        _fail(op, f'{role} {t.shape} and {rref} {ref.shape} must have the same partition count and elements per partition')
+        _fail(
+            op, f'{role} {t.shape} and {rref} {ref.shape} must have the same partition count and elements per partition'
+        )
+
 
 def _f32(t):
     "A tensor's values as fp32, (partitions, elements per partition)."
@@ -690,14 +811,16 @@ def _vec(op, role, v, P, fp32=False):
     if type(v) is NkiTensor:
         _opnd(op, role, v)
         if _pf(v) != (P, 1): _fail(op, f'{role} must be a scalar or a ({P}, 1) vector, got shape {v.shape}')
-        if fp32 and v.dtype != np.float32: _fail(op, f'{role} tile must be float32, got {_dtname(v.dtype)} (shape {v.shape})')
+        if fp32 and v.dtype != np.float32:
+            _fail(op, f'{role} tile must be float32, got {_dtname(v.dtype)} (shape {v.shape})')
         return _f32(v)
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         _fail(op, f'{role}={v!r} must be a compile-time number or a ({P}, 1) tile')
     return np.float32(v)
 
 def _write(dst, val):
-    "Store fp32 `val` ((P, F) or dst's shape) into dst, rounding to its dtype; a PSUM region written so is no matmul group."
+    """Store fp32 `val` ((P, F) or dst's shape) into dst, rounding to its dtype; a PSUM region written so is no matmul
+    group."""
     d = dst._data
     if val.shape != d.shape: val = val.reshape(d.shape)
     if d.dtype.kind in 'iub' and val.dtype.kind == 'f': val = _to_int(val, d.dtype)
@@ -709,7 +832,9 @@ def _eng(op, e, allowed, default, operands=()):
     e = _enum(e, _Engine, op, 'engine')
     if e is _Engine.unknown: e = default
     if e not in allowed:
-        _fail(op, f'engine={e.name} is not allowed; use {" or ".join(x.name for x in allowed)} (or nisa.engine.unknown)')
+        _fail(
+            op, f'engine={e.name} is not allowed; use {" or ".join(x.name for x in allowed)} (or nisa.engine.unknown)'
+        )
     if e is _Engine.gpsimd:
         for role, t in operands:
             if type(t) is NkiTensor and t._alloc.buffer is psum:
@@ -721,19 +846,33 @@ def _sigmoid(x): return np.float32(0.5) * (np.tanh(np.float32(0.5) * x) + np.flo
 
 def _erf(x):
     # Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), vectorised
-    s = np.sign(x); a = np.abs(x)
+    s = np.sign(x)
+    a = np.abs(x)
     t = 1 / (1 + 0.3275911 * a)
-    y = 1 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * np.exp(-a * a)
+    y = 1 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * np.exp(
+        -a * a
+    )
     return (s * y).astype(np.float32)
 
 _f = np.float32
 def _gelu(x): return (0.5 * x * (1 + _erf(x / np.sqrt(2)))).astype(np.float32)
-def _gelu_dx(x): return (0.5 * (1 + _erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)).astype(np.float32)
+def _gelu_dx(x):
+    return (0.5 * (1 + _erf(x / np.sqrt(2))) + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)).astype(np.float32)
+
+
 def _gelu_tanh(x): return (0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))).astype(np.float32)
 def _gelu_sig(x): return x * _sigmoid(_f(1.702) * x)
-def _gelu_sig_dx(x): s = _sigmoid(_f(1.702) * x); return s + _f(1.702) * x * s * (1 - s)
+def _gelu_sig_dx(x):
+    s = _sigmoid(_f(1.702) * x)
+    return s + _f(1.702) * x * s * (1 - s)
+
+
 def _silu(x): return x * _sigmoid(x)
-def _silu_dx(x): s = _sigmoid(x); return s * (1 + x * (1 - s))
+def _silu_dx(x):
+    s = _sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
 def _softplus(x): return np.logaddexp(_f(0), x).astype(np.float32)
 def _cmp(f): return lambda a, b: f(a, b).astype(np.float32)
 def _bits(f): return lambda a, b: f(a.astype(np.int64), np.int64(b) if np.ndim(b) == 0 else b.astype(np.int64))
@@ -741,7 +880,8 @@ def _bits(f): return lambda a, b: f(a.astype(np.int64), np.int64(b) if np.ndim(b
 class _Op:
     """A NKI operator: `kind` says where it may go — 'alu' (binary Vector/GpSimd operator), 'bitvec' (integer bit
     operator), 'unary' (unary ALU operator that is also an activation), 'act' (Scalar-engine activation only), 'hl'
-    (only the high-level `nl.*` call); `fn` is its fp32 NumPy implementation, `red` its reduction (legal reductions only),
+    (only the high-level `nl.*` call); `fn` is its fp32 NumPy implementation, `red` its reduction (legal reductions
+    only),
     `rng` the Scalar engine's valid input range."""
     def __init__(self, name, kind, fn=None, red=None, rng=None):
         self.name, self.kind, self.fn, self.red, self.rng = name, kind, fn, red, rng
@@ -769,43 +909,79 @@ class _All(_Op):
 _PI = float(np.pi)
 _r = lambda f: (lambda a: f(a, axis=-1))            # reductions run over the last axis of a (P, kept, reduced) array
 _ri = lambda f: (lambda a: f.reduce(a.astype(np.int64), axis=-1))
-_OPS = {o.name: o for o in [
-    _Binary('add', 'alu', np.add, _r(np.sum)), _Binary('subtract', 'alu', np.subtract, lambda a: 2 * a[..., 0] - a.sum(-1)),
-    _Binary('multiply', 'alu', np.multiply, _r(np.prod)), _Binary('maximum', 'alu', np.maximum, _r(np.max)),
-    _Binary('minimum', 'alu', np.minimum, _r(np.min)), _Binary('divide', 'hl', np.divide),
-    _Binary('abs_max', 'alu', lambda a, b: np.maximum(np.abs(a), np.abs(b))), _Binary('abs_min', 'alu', lambda a, b: np.minimum(np.abs(a), np.abs(b))),
-    _Binary('power', 'alu', np.power), _Binary('fmod', 'hl', np.fmod), _Binary('mod', 'hl', np.mod),
-    _Binary('equal', 'alu', _cmp(np.equal)), _Binary('not_equal', 'alu', _cmp(np.not_equal)), _Binary('less', 'alu', _cmp(np.less)),
-    _Binary('less_equal', 'alu', _cmp(np.less_equal)), _Binary('greater', 'alu', _cmp(np.greater)),
-    _Binary('greater_equal', 'alu', _cmp(np.greater_equal)),
-    _Binary('logical_and', 'alu', _cmp(np.logical_and), lambda a: np.all(a != 0, axis=-1)),
-    _Binary('logical_or', 'alu', _cmp(np.logical_or), lambda a: np.any(a != 0, axis=-1)),
-    _Binary('logical_xor', 'alu', _cmp(np.logical_xor), lambda a: np.sum(a != 0, axis=-1) % 2),
-    _Binary('bitwise_and', 'bitvec', _bits(np.bitwise_and), _ri(np.bitwise_and)),
-    _Binary('bitwise_or', 'bitvec', _bits(np.bitwise_or), _ri(np.bitwise_or)),
-    _Binary('bitwise_xor', 'bitvec', _bits(np.bitwise_xor), _ri(np.bitwise_xor)),
-    _Binary('left_shift', 'bitvec', _bits(np.left_shift)), _Binary('right_shift', 'bitvec', _bits(np.right_shift)),
-    _Unary('invert', 'bitvec', lambda a, b=None: np.invert(a.astype(np.int64))),
-    _Unary('abs', 'unary', np.abs), _Unary('square', 'unary', np.square), _Unary('relu', 'unary', lambda x: np.maximum(x, _f(0))),
-    _Unary('rsqrt', 'unary', lambda x: _f(1) / np.sqrt(x), rng=(2.0 ** -87, 2.0 ** 97)),
-    _Unary('reciprocal', 'unary', lambda x: _f(1) / x, rng=(2.0 ** -42, 2.0 ** 42)),
-    _Unary('copy', 'act', lambda x: x), _Unary('sigmoid', 'act', _sigmoid), _Unary('tanh', 'act', np.tanh),
-    _Unary('exp', 'act', np.exp), _Unary('log', 'act', np.log, rng=(2.0 ** -64, 2.0 ** 64)),
-    _Unary('sqrt', 'act', np.sqrt, rng=(2.0 ** -116, 2.0 ** 118)), _Unary('sign', 'act', np.sign),
-    _Unary('gelu', 'act', _gelu), _Unary('gelu_dx', 'act', _gelu_dx), _Unary('gelu_apprx_tanh', 'act', _gelu_tanh),
-    _Unary('gelu_apprx_sigmoid', 'act', _gelu_sig), _Unary('gelu_apprx_sigmoid_dx', 'act', _gelu_sig_dx),
-    _Unary('silu', 'act', _silu), _Unary('silu_dx', 'act', _silu_dx), _Unary('softplus', 'act', _softplus),
-    _Unary('mish', 'act', lambda x: x * np.tanh(_softplus(x))), _Unary('erf', 'act', _erf),
-    _Unary('erf_dx', 'act', lambda x: (2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(np.float32)),
-    _Unary('sin', 'act', np.sin, rng=(-_PI, _PI)), _Unary('arctan', 'act', np.arctan, rng=(-_PI / 2, _PI / 2)),
-    _Unary('cos', 'hl', np.cos), _Unary('tan', 'hl', np.tan), _Unary('ceil', 'hl', np.ceil), _Unary('floor', 'hl', np.floor),
-    _Unary('trunc', 'hl', np.trunc), _Unary('negative', 'hl', np.negative),
-    _Unary('logical_not', 'hl', lambda x: (x == 0).astype(np.float32)),
-    _Reduce('sum', 'hl', red=_r(np.sum)), _Reduce('max', 'alu', np.maximum, _r(np.max)), _Reduce('min', 'alu', np.minimum, _r(np.min)),
-    _Reduce('prod', 'hl', red=_r(np.prod)), _Reduce('mean', 'hl', red=_r(np.mean)), _Reduce('var', 'hl', red=_r(np.var)),
-    _All('all', 'hl', red=lambda a: np.all(a != 0, axis=-1)),
-    _Op('bypass', 'alu', lambda a, b: a), _Op('average', 'hl', red=_r(np.mean)), _Op('prelu', 'act'),
-]}
+_OPS = {
+    o.name: o
+    for o in [
+        _Binary('add', 'alu', np.add, _r(np.sum)),
+        _Binary('subtract', 'alu', np.subtract, lambda a: 2 * a[..., 0] - a.sum(-1)),
+        _Binary('multiply', 'alu', np.multiply, _r(np.prod)),
+        _Binary('maximum', 'alu', np.maximum, _r(np.max)),
+        _Binary('minimum', 'alu', np.minimum, _r(np.min)),
+        _Binary('divide', 'hl', np.divide),
+        _Binary('abs_max', 'alu', lambda a, b: np.maximum(np.abs(a), np.abs(b))),
+        _Binary('abs_min', 'alu', lambda a, b: np.minimum(np.abs(a), np.abs(b))),
+        _Binary('power', 'alu', np.power),
+        _Binary('fmod', 'hl', np.fmod),
+        _Binary('mod', 'hl', np.mod),
+        _Binary('equal', 'alu', _cmp(np.equal)),
+        _Binary('not_equal', 'alu', _cmp(np.not_equal)),
+        _Binary('less', 'alu', _cmp(np.less)),
+        _Binary('less_equal', 'alu', _cmp(np.less_equal)),
+        _Binary('greater', 'alu', _cmp(np.greater)),
+        _Binary('greater_equal', 'alu', _cmp(np.greater_equal)),
+        _Binary('logical_and', 'alu', _cmp(np.logical_and), lambda a: np.all(a != 0, axis=-1)),
+        _Binary('logical_or', 'alu', _cmp(np.logical_or), lambda a: np.any(a != 0, axis=-1)),
+        _Binary('logical_xor', 'alu', _cmp(np.logical_xor), lambda a: np.sum(a != 0, axis=-1) % 2),
+        _Binary('bitwise_and', 'bitvec', _bits(np.bitwise_and), _ri(np.bitwise_and)),
+        _Binary('bitwise_or', 'bitvec', _bits(np.bitwise_or), _ri(np.bitwise_or)),
+        _Binary('bitwise_xor', 'bitvec', _bits(np.bitwise_xor), _ri(np.bitwise_xor)),
+        _Binary('left_shift', 'bitvec', _bits(np.left_shift)),
+        _Binary('right_shift', 'bitvec', _bits(np.right_shift)),
+        _Unary('invert', 'bitvec', lambda a, b=None: np.invert(a.astype(np.int64))),
+        _Unary('abs', 'unary', np.abs),
+        _Unary('square', 'unary', np.square),
+        _Unary('relu', 'unary', lambda x: np.maximum(x, _f(0))),
+        _Unary('rsqrt', 'unary', lambda x: _f(1) / np.sqrt(x), rng=(2.0**-87, 2.0**97)),
+        _Unary('reciprocal', 'unary', lambda x: _f(1) / x, rng=(2.0**-42, 2.0**42)),
+        _Unary('copy', 'act', lambda x: x),
+        _Unary('sigmoid', 'act', _sigmoid),
+        _Unary('tanh', 'act', np.tanh),
+        _Unary('exp', 'act', np.exp),
+        _Unary('log', 'act', np.log, rng=(2.0**-64, 2.0**64)),
+        _Unary('sqrt', 'act', np.sqrt, rng=(2.0**-116, 2.0**118)),
+        _Unary('sign', 'act', np.sign),
+        _Unary('gelu', 'act', _gelu),
+        _Unary('gelu_dx', 'act', _gelu_dx),
+        _Unary('gelu_apprx_tanh', 'act', _gelu_tanh),
+        _Unary('gelu_apprx_sigmoid', 'act', _gelu_sig),
+        _Unary('gelu_apprx_sigmoid_dx', 'act', _gelu_sig_dx),
+        _Unary('silu', 'act', _silu),
+        _Unary('silu_dx', 'act', _silu_dx),
+        _Unary('softplus', 'act', _softplus),
+        _Unary('mish', 'act', lambda x: x * np.tanh(_softplus(x))),
+        _Unary('erf', 'act', _erf),
+        _Unary('erf_dx', 'act', lambda x: (2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(np.float32)),
+        _Unary('sin', 'act', np.sin, rng=(-_PI, _PI)),
+        _Unary('arctan', 'act', np.arctan, rng=(-_PI / 2, _PI / 2)),
+        _Unary('cos', 'hl', np.cos),
+        _Unary('tan', 'hl', np.tan),
+        _Unary('ceil', 'hl', np.ceil),
+        _Unary('floor', 'hl', np.floor),
+        _Unary('trunc', 'hl', np.trunc),
+        _Unary('negative', 'hl', np.negative),
+        _Unary('logical_not', 'hl', lambda x: (x == 0).astype(np.float32)),
+        _Reduce('sum', 'hl', red=_r(np.sum)),
+        _Reduce('max', 'alu', np.maximum, _r(np.max)),
+        _Reduce('min', 'alu', np.minimum, _r(np.min)),
+        _Reduce('prod', 'hl', red=_r(np.prod)),
+        _Reduce('mean', 'hl', red=_r(np.mean)),
+        _Reduce('var', 'hl', red=_r(np.var)),
+        _All('all', 'hl', red=lambda a: np.all(a != 0, axis=-1)),
+        _Op('bypass', 'alu', lambda a, b: a),
+        _Op('average', 'hl', red=_r(np.mean)),
+        _Op('prelu', 'act'),
+    ]
+}
 
 def _as_op(op, where, kinds, role='op'):
     "`op` must be a NKI operator of one of `kinds`."
@@ -822,7 +998,10 @@ def _as_op(op, where, kinds, role='op'):
 def _dma_opnd(op, role, t):
     if type(t) is not NkiTensor: _fail(op, f'{role} must be a NKI tensor, got {type(t).__name__} {t!r}')
     if t._alloc.buffer is psum:
-        _fail(op, f'{role} is in PSUM (shape {t.shape}); DMA cannot access PSUM, copy it to SBUF with nisa.tensor_copy first')
+        _fail(
+            op,
+            f'{role} is in PSUM (shape {t.shape}); DMA cannot access PSUM, copy it to SBUF with nisa.tensor_copy first',
+        )
     return t
 
 def _hbm_count(tr, t, write):
@@ -832,11 +1011,18 @@ def _hbm_count(tr, t, write):
 
 def _dma(op, dst, src, fresh=None, names=('dst', 'src')):
     "One DMA: any shapes with the same element count, copied in row-major order, cast through fp32 when dtypes differ."
-    _dma_opnd(op, names[1], src); _dma_opnd(op, names[0], dst)
+    _dma_opnd(op, names[1], src)
+    _dma_opnd(op, names[0], dst)
     if src.size != dst.size:
-        _fail(op, f'{names[1]} {src.shape} ({src.size} elements) and {names[0]} {dst.shape} ({dst.size} elements) must hold the same number of elements')
-    st = _st(); tr = st.trace
-    _hbm_count(tr, src, False); _hbm_count(tr, dst, True)
+        _fail(
+            op,
+            f'{names[1]} {src.shape} ({src.size} elements) and {names[0]} {dst.shape} ({dst.size} elements) must hold '
+            f'the same number of elements',
+        )
+    st = _st()
+    tr = st.trace
+    _hbm_count(tr, src, False)
+    _hbm_count(tr, dst, True)
     tr.dma_count += 1
     if not st.dry:
         v = src._data if src._data.shape == dst._data.shape else src._data.reshape(dst._data.shape)
@@ -848,8 +1034,10 @@ def _dma(op, dst, src, fresh=None, names=('dst', 'src')):
 def load(src, dtype=None):
     "`nl.load`: DMA an HBM tensor (partition dim ≤ 128) into a new SBUF tile."
     _dma_opnd('nl.load', 'src', src)
-    if src._alloc.buffer in _ONCHIP: _fail('nl.load', f'src is in {src.buffer.name} (shape {src.shape}); nl.load reads HBM')
-    if src.shape[0] > 128: _fail('nl.load', f'source partition dimension {src.shape[0]} exceeds the limit of 128 (shape {src.shape})')
+    if src._alloc.buffer in _ONCHIP:
+        _fail('nl.load', f'src is in {src.buffer.name} (shape {src.shape}); nl.load reads HBM')
+    if src.shape[0] > 128:
+        _fail('nl.load', f'source partition dimension {src.shape[0]} exceeds the limit of 128 (shape {src.shape})')
     out = ndarray(src.shape, src.dtype if dtype is None else dtype, sbuf)
     _dma('nl.load', out, src, fresh=out)
     return out
@@ -865,24 +1053,35 @@ def load_transpose2d(src, dtype=None):
     "`nl.load_transpose2d`: DMA a 2-D HBM tensor [n, m] (m ≤ 128) into a new SBUF tile [m, n], transposed."
     _dma_opnd('nl.load_transpose2d', 'src', src)
     if src.ndim != 2 or src.shape[1] > 128 or src._alloc.buffer in _ONCHIP:
-        _fail('nl.load_transpose2d', f'src must be a 2-D HBM tensor [n, m <= 128], got {src.shape} in {src.buffer.name}')
+        _fail(
+            'nl.load_transpose2d', f'src must be a 2-D HBM tensor [n, m <= 128], got {src.shape} in {src.buffer.name}'
+        )
     out = ndarray(src.shape[::-1], src.dtype if dtype is None else dtype, sbuf)
-    st = _st(); st.trace.hbm_read_bytes += src._data.nbytes; st.trace.dma_count += 1
+    st = _st()
+    st.trace.hbm_read_bytes += src._data.nbytes
+    st.trace.dma_count += 1
     if not st.dry: _write(out, src._data.T.astype(np.float32))
     _tick('nl.load_transpose2d', 'dma', fresh=out)
     return out
 
-def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown, name=None):
+def dma_copy(
+    dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, engine=engine.unknown, name=None
+):
     "`nisa.dma_copy`: copy `src` to `dst` (HBM or SBUF, same element count) by DMA; dtypes are cast unless hwdge."
     w = 'dma_copy'
-    if priority is not None: _fail(w, f'priority={priority!r}: DMA priorities need NeuronCore-v4 (trn3); trn2 is NeuronCore-v3')
+    if priority is not None:
+        _fail(w, f'priority={priority!r}: DMA priorities need NeuronCore-v4 (trn3); trn2 is NeuronCore-v3')
     _enum(oob_mode, _Oob, w, 'oob_mode')
     dm = _enum(dge_mode, _Dge, w, 'dge_mode')
     e = _enum(engine, _Engine, w, 'engine')
     if e is not _Engine.unknown and (dm is not _Dge.hwdge or e not in (_Engine.sync, _Engine.scalar)):
         _fail(w, f'engine={e.name} is only valid with dge_mode=hwdge and engine sync or scalar')
     if dm is _Dge.hwdge and type(src) is NkiTensor and type(dst) is NkiTensor and src.dtype != dst.dtype:
-        _fail(w, f'hwdge moves raw bytes: src dtype {_dtname(src.dtype)} and dst dtype {_dtname(dst.dtype)} must match (use .view())')
+        _fail(
+            w,
+            f'hwdge moves raw bytes: src dtype {_dtname(src.dtype)} and dst dtype {_dtname(dst.dtype)} must match '
+            f'(use .view())',
+        )
     return _dma(w, dst, src)
 
 def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None):
@@ -891,15 +1090,18 @@ def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode
     _enum(oob_mode, _Oob, w, 'oob_mode')
     if not isinstance(srcs, (list, tuple)) or not 1 <= len(srcs) <= 16:
         _fail(w, f'srcs must be a list of 1 to 16 tensors, got {srcs!r}')
-    if _as_op(reduce_op, w, ('alu',), 'reduce_op').name != 'add': _fail(w, f'reduce_op={reduce_op!r}: only nl.add is supported')
+    if _as_op(reduce_op, w, ('alu',), 'reduce_op').name != 'add':
+        _fail(w, f'reduce_op={reduce_op!r}: only nl.add is supported')
     if scales is not None and (len(scales) != len(srcs) or any(float(s) != 1.0 for s in scales)):
         _fail(w, f'scales={scales!r}: must be None or one 1.0 per source')
     if not unique_indices: _fail(w, 'unique_indices=False is not supported yet')
     _dma_opnd(w, 'dst', dst)
     for i, s in enumerate(srcs):
         _dma_opnd(w, f'srcs[{i}]', s)
-        if s.size != dst.size: _fail(w, f'srcs[{i}] {s.shape} and dst {dst.shape} must hold the same number of elements')
-    st = _st(); tr = st.trace
+        if s.size != dst.size:
+            _fail(w, f'srcs[{i}] {s.shape} and dst {dst.shape} must hold the same number of elements')
+    st = _st()
+    tr = st.trace
     for s in srcs: _hbm_count(tr, s, False)
     _hbm_count(tr, dst, True)
     tr.dma_count += 1
@@ -915,7 +1117,9 @@ _V, _S, _G = _Engine.vector, _Engine.scalar, _Engine.gpsimd
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
     "`nisa.tensor_copy`: copy a tile within SBUF/PSUM (bit-accurate for equal dtypes, else cast through fp32)."
     w = 'tensor_copy'
-    _opnd(w, 'src', src); _opnd(w, 'dst', dst); _layout(w, src, 'src', dst, 'dst')
+    _opnd(w, 'src', src)
+    _opnd(w, 'dst', dst)
+    _layout(w, src, 'src', dst, 'dst')
     e = _eng(w, engine, (_V, _S, _G), _V, (('src', src), ('dst', dst)))
     if not _st().dry:
         if src._data.dtype == dst._data.dtype:
@@ -934,7 +1138,9 @@ def memset(dst, value, engine=engine.unknown, name=None):
     if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
         _fail(w, f'value={value!r} must be a compile-time number')
     if dst.dtype.kind in 'iub' and not isinstance(value, (int, np.integer)):
-        _fail(w, f'value={value!r} for a {_dtname(dst.dtype)} tile: the value must match the dtype (an integer literal)')
+        _fail(
+            w, f'value={value!r} for a {_dtname(dst.dtype)} tile: the value must match the dtype (an integer literal)'
+        )
     if not _st().dry:
         dst._data[...] = value
         if dst._acc is not None: dst._acc[...] = 2
@@ -943,8 +1149,11 @@ def memset(dst, value, engine=engine.unknown, name=None):
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     "`nisa.tensor_tensor`: dst = data1 <op> data2, element-wise (Vector or GpSimd; nl.power on GpSimd)."
     w = 'tensor_tensor'
-    _opnd(w, 'data1', data1); _opnd(w, 'data2', data2); _opnd(w, 'dst', dst)
-    _layout(w, data2, 'data2', data1, 'data1'); _layout(w, dst, 'dst', data1, 'data1')
+    _opnd(w, 'data1', data1)
+    _opnd(w, 'data2', data2)
+    _opnd(w, 'dst', dst)
+    _layout(w, data2, 'data2', data1, 'data1')
+    _layout(w, dst, 'dst', data1, 'data1')
     if data1._alloc.buffer is psum and data2._alloc.buffer is psum:
         _fail(w, f'data1 {data1.shape} and data2 {data2.shape} cannot both be in PSUM')
     o = _as_op(op, w, ('alu', 'bitvec'))
@@ -972,10 +1181,14 @@ def _apply(o, x, v, rev):
     if o.kind == 'unary': return o.fn(x)
     return o.fn(v, x) if rev else o.fn(x, v)
 
-def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, engine=engine.unknown, name=None):
+def tensor_scalar(
+    dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, engine=engine.unknown, name=None
+):
     "`nisa.tensor_scalar`: dst = (data <op0> operand0) <op1> operand1; operands are fp32 scalars or (P, 1) vectors."
     w = 'tensor_scalar'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst); _layout(w, dst, 'dst', data, 'data')
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
+    _layout(w, dst, 'dst', data, 'data')
     P = data.shape[0]
     o0 = _as_op(op0, w, ('alu', 'unary', 'bitvec'), 'op0')
     _scalar_op(w, o0, operand0, 'operand0')
@@ -985,15 +1198,21 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     else:
         o1 = _as_op(op1, w, ('alu', 'unary', 'bitvec'), 'op1')
         _scalar_op(w, o1, operand1, 'operand1')
-        if (o0.kind == 'bitvec') != (o1.kind == 'bitvec'): _fail(w, f'op0={o0!r} and op1={o1!r} must both be bitvec or both arithmetic')
+        if (o0.kind == 'bitvec') != (o1.kind == 'bitvec'):
+            _fail(w, f'op0={o0!r} and op1={o1!r} must both be bitvec or both arithmetic')
     bitvec = o0.kind == 'bitvec'
     ops_ = (('data', data), ('dst', dst), ('operand0', operand0), ('operand1', operand1))
     if bitvec: e = _eng(w, engine, (_V,), _V, ops_)
     else:
         e = _eng(w, engine, (_V, _S, _G), _V, ops_)
         if e == 'scalar' and (o0.name, o1 and o1.name) not in (('multiply', 'add'), ('multiply', None), ('add', None)):
-            _fail(w, f'the Scalar engine supports op0/op1 = multiply/add, multiply/None, add/None only, got {o0.name}/{o1 and o1.name}')
-        if e == 'gpsimd' and (o0.name != 'rsqrt' or o1 is not None): _fail(w, 'engine=gpsimd is only allowed for op0=nl.rsqrt')
+            _fail(
+                w,
+                f'the Scalar engine supports op0/op1 = multiply/add, multiply/None, add/None only, got '
+                f'{o0.name}/{o1 and o1.name}',
+            )
+        if e == 'gpsimd' and (o0.name != 'rsqrt' or o1 is not None):
+            _fail(w, 'engine=gpsimd is only allowed for op0=nl.rsqrt')
     v0 = None if o0.kind == 'unary' else _vec(w, 'operand0', operand0, P, fp32=not bitvec)
     v1 = None if o1 is None or o1.kind == 'unary' else _vec(w, 'operand1', operand1, P, fp32=not bitvec)
     if not _st().dry:
@@ -1006,12 +1225,16 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
                          reduce_cmd=reduce_cmd.reset_reduce, reduce_op=None, reduce_res=None, name=None):
-    "`nisa.scalar_tensor_tensor`: dst = (data <op0> operand0) <op1> operand1; operand0 scalar/(P, 1), operand1 a tile like data."
+    """`nisa.scalar_tensor_tensor`: dst = (data <op0> operand0) <op1> operand1; operand0 scalar/(P, 1), operand1 a tile
+    like data."""
     w = 'scalar_tensor_tensor'
     if reduce_op is not None or reduce_res is not None:
         _not_simulated('nisa.scalar_tensor_tensor(reduce_op=, reduce_res=)', 'the accumulating form of NKI 0.7')
-    _opnd(w, 'data', data); _opnd(w, 'operand1', operand1); _opnd(w, 'dst', dst)
-    _layout(w, operand1, 'operand1', data, 'data'); _layout(w, dst, 'dst', data, 'data')
+    _opnd(w, 'data', data)
+    _opnd(w, 'operand1', operand1)
+    _opnd(w, 'dst', dst)
+    _layout(w, operand1, 'operand1', data, 'data')
+    _layout(w, dst, 'dst', data, 'data')
     if data._alloc.buffer is psum and operand1._alloc.buffer is psum:
         _fail(w, f'data {data.shape} and operand1 {operand1.shape} cannot both be in PSUM')
     o0, o1 = _as_op(op0, w, ('alu',), 'op0'), _as_op(op1, w, ('alu',), 'op1')
@@ -1033,13 +1256,27 @@ def _read_regs(op, regs, reduce_res, P, negate=False):
     if _pf(reduce_res) != (P, 1): _fail(op, f'reduce_res must have shape ({P}, 1), got {reduce_res.shape}')
     if not _st().dry: _write(reduce_res, -regs[:P] if negate else regs[:P])
 
-def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False, reduce_cmd=reduce_cmd.reset_reduce,
-                         reduce_init=None, reduce_res_negate=False, name=None):
+def tensor_scalar_reduce(
+    dst,
+    data,
+    op0,
+    operand0,
+    reduce_op,
+    reduce_res=None,
+    reverse0=False,
+    reduce_cmd=reduce_cmd.reset_reduce,
+    reduce_init=None,
+    reduce_res_negate=False,
+    name=None,
+):
     "`nisa.tensor_scalar_reduce`: dst = data <op0> operand0, reduced along the free axes into the Vector accumulators."
     w = 'tensor_scalar_reduce'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst); _layout(w, dst, 'dst', data, 'data')
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
+    _layout(w, dst, 'dst', data, 'data')
     P = data.shape[0]
-    o0 = _as_op(op0, w, ('alu', 'unary'), 'op0'); _scalar_op(w, o0, operand0, 'operand0')
+    o0 = _as_op(op0, w, ('alu', 'unary'), 'op0')
+    _scalar_op(w, o0, operand0, 'operand0')
     ro = _as_op(reduce_op, w, ('alu',), 'reduce_op')
     if ro.name not in ('add', 'multiply', 'maximum', 'minimum', 'max', 'min'):
         _fail(w, f'reduce_op={ro!r} must be nl.add, nl.multiply, nl.max or nl.min')
@@ -1047,7 +1284,8 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     cmd = _enum(reduce_cmd, _ReduceCmd, w, 'reduce_cmd')
     if cmd not in (_ReduceCmd.reset_reduce, _ReduceCmd.reduce, _ReduceCmd.load_reduce):
         _fail(w, f'reduce_cmd={cmd.name}: use reset_reduce, reduce or load_reduce')
-    if (cmd is _ReduceCmd.load_reduce) != (reduce_init is not None): _fail(w, 'reduce_init is given exactly when reduce_cmd=load_reduce')
+    if (cmd is _ReduceCmd.load_reduce) != (reduce_init is not None):
+        _fail(w, 'reduce_init is given exactly when reduce_cmd=load_reduce')
     v0 = None if o0.kind == 'unary' else _vec(w, 'operand0', operand0, P, fp32=True)
     init = None if reduce_init is None else _vec(w, 'reduce_init', reduce_init, P, fp32=True)
     st = _st()
@@ -1062,7 +1300,9 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
 def reciprocal(dst, data, name=None):
     "`nisa.reciprocal`: dst = 1 / data on the Vector engine (more precise than the Scalar engine's activation)."
     w = 'reciprocal'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst); _layout(w, dst, 'dst', data, 'data')
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
+    _layout(w, dst, 'dst', data, 'data')
     if not _st().dry: _write(dst, np.float32(1) / _f32(data))
     return _tick(w, 'vector', vec=data.size)
 
@@ -1070,7 +1310,8 @@ def _axes(op, t, axis):
     "Reduction axes: the last contiguous free axes of t; returns the number of axes."
     ax = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
     ax = tuple(sorted(int(a) % t.ndim for a in ax))
-    if not ax or 0 in ax: _fail(op, f'axis {axis} includes the partition axis 0 (shape {t.shape}); only free axes can be reduced')
+    if not ax or 0 in ax:
+        _fail(op, f'axis {axis} includes the partition axis 0 (shape {t.shape}); only free axes can be reduced')
     if ax != tuple(range(t.ndim - len(ax), t.ndim)):
         _fail(op, f'axis {axis} must be the last contiguous free axes of the tile (shape {t.shape})')
     return len(ax)
@@ -1078,14 +1319,19 @@ def _axes(op, t, axis):
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     "`nisa.tensor_reduce`: reduce the last free axes `axis` of data with op (Vector engine)."
     w = 'tensor_reduce'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst)
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
     o = _as_op(op, w, ('alu', 'bitvec'))
     if o.red is None: _fail(w, f'op={o!r} is not a legal reduction operator')
     if negate and o.kind == 'bitvec': _fail(w, 'negate=True needs an arithmetic operator')
     k = _axes(w, data, axis)
     P, kept = data.shape[0], int(np.prod(data.shape[1:data.ndim - k], dtype=np.int64))
     if _pf(dst) != (P, kept):
-        _fail(w, f'dst {dst.shape} must hold {kept} elements per partition on {P} partitions (data {data.shape}, axis {axis})')
+        _fail(
+            w,
+            f'dst {dst.shape} must hold {kept} elements per partition on {P} partitions (data {data.shape}, axis '
+            f'{axis})',
+        )
     if not _st().dry:
         x = data._data.reshape(P, kept, -1) if o.kind == 'bitvec' else _f32(data).reshape(P, kept, -1)
         r = o.red(x)
@@ -1095,11 +1341,13 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
 def tensor_partition_reduce(dst, op, data, name=None):
     "`nisa.tensor_partition_reduce`: reduce across the partitions of data (GpSimd); dst is one partition."
     w = 'tensor_partition_reduce'
-    _opnd(w, 'data', data, _SBUF); _opnd(w, 'dst', dst, _SBUF)
+    _opnd(w, 'data', data, _SBUF)
+    _opnd(w, 'dst', dst, _SBUF)
     o = _as_op(op, w, ('alu', 'bitvec', 'hl'))
     if o.name not in ('add', 'average', 'maximum', 'max', 'bitwise_or', 'bitwise_and'):
         _fail(w, f'op={o!r} must be nl.add, nl.average, nl.maximum, nl.bitwise_or or nl.bitwise_and')
-    if _pf(dst) != (1, _pf(data)[1]): _fail(w, f'dst {dst.shape} must be one partition of {_pf(data)[1]} elements (data {data.shape})')
+    if _pf(dst) != (1, _pf(data)[1]):
+        _fail(w, f'dst {dst.shape} must be one partition of {_pf(data)[1]} elements (data {data.shape})')
     if not _st().dry:
         x = data._data.reshape(data.shape[0], -1) if o.kind == 'bitvec' else _f32(data)
         _write(dst, o.red(x.T).reshape(1, -1))
@@ -1115,7 +1363,9 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if e is _G:
         _fail(w, 'engine=gpsimd: activations on the GpSimd engine need NeuronCore-v4 (trn3); trn2 runs them on scalar')
     if e not in (_S, _Engine.unknown): _fail(w, f'engine={e.name}: activations run on the scalar engine')
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst); _layout(w, dst, 'dst', data, 'data')
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
+    _layout(w, dst, 'dst', data, 'data')
     o = _as_op(op, w, ('act', 'unary'))
     P = data.shape[0]
     s = _vec(w, 'scale', scale, P, fp32=True)
@@ -1153,7 +1403,8 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
 def bn_stats(dst, data, name=None):
     "`nisa.bn_stats`: per partition (count, mean, variance·count) of the even and of the odd elements (≤ 512)."
     w = 'bn_stats'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst)
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
     P, F = _pf(data)
     if F > 512: _fail(w, f'data has {F} elements per partition; at most 512 (nl.tile_size.bn_stats_fmax)')
     if _pf(dst) != (P, 6): _fail(w, f'dst {dst.shape} must hold 6 elements per partition on {P} partitions')
@@ -1170,10 +1421,12 @@ def bn_stats(dst, data, name=None):
 def bn_aggr(dst, data, name=None):
     "`nisa.bn_aggr`: mean and variance per partition from (count, mean, variance·count) triples of `bn_stats`."
     w = 'bn_aggr'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst)
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
     P, F = _pf(data)
     if F % 3: _fail(w, f'data has {F} elements per partition, not a multiple of 3 (count, mean, variance·count)')
-    if _pf(dst) != (P, 2): _fail(w, f'dst {dst.shape} must hold 2 elements per partition (mean, variance) on {P} partitions')
+    if _pf(dst) != (P, 2):
+        _fail(w, f'dst {dst.shape} must hold 2 elements per partition (mean, variance) on {P} partitions')
     if not _st().dry:
         t = _f32(data).reshape(P, -1, 3).astype(np.float64)
         n = t[..., 0].sum(1)
@@ -1183,15 +1436,21 @@ def bn_aggr(dst, data, name=None):
     return _tick(w, 'vector', vec=data.size)
 
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
-    "`nisa.tensor_copy_predicated`: dst = src where predicate (uint) is nonzero (zero with reverse_pred); dst kept elsewhere."
+    """`nisa.tensor_copy_predicated`: dst = src where predicate (uint) is nonzero (zero with reverse_pred); dst kept
+    elsewhere."""
     w = 'tensor_copy_predicated'
-    _opnd(w, 'predicate', predicate); _opnd(w, 'dst', dst); _layout(w, predicate, 'predicate', dst, 'dst')
+    _opnd(w, 'predicate', predicate)
+    _opnd(w, 'dst', dst)
+    _layout(w, predicate, 'predicate', dst, 'dst')
     if predicate.dtype not in (np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)):
         _fail(w, f'predicate dtype {_dtname(predicate.dtype)} must be uint8, uint16 or uint32')
     if type(src) is NkiTensor:
-        _opnd(w, 'src', src); _layout(w, src, 'src', dst, 'dst')
-        if src.dtype != dst.dtype: _fail(w, f'src dtype {_dtname(src.dtype)} and dst dtype {_dtname(dst.dtype)} must match')
-        if src._alloc.buffer is psum and predicate._alloc.buffer is psum: _fail(w, 'src and predicate cannot both be in PSUM')
+        _opnd(w, 'src', src)
+        _layout(w, src, 'src', dst, 'dst')
+        if src.dtype != dst.dtype:
+            _fail(w, f'src dtype {_dtname(src.dtype)} and dst dtype {_dtname(dst.dtype)} must match')
+        if src._alloc.buffer is psum and predicate._alloc.buffer is psum:
+            _fail(w, 'src and predicate cannot both be in PSUM')
     if not _st().dry:
         P = dst.shape[0]
         keep = (predicate._data.reshape(P, -1) != 0) ^ bool(reverse_pred)
@@ -1204,7 +1463,8 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
 def max8(dst, src, name=None):
     "`nisa.max8`: the 8 largest values of each partition, descending (Vector engine)."
     w = 'max8'
-    _opnd(w, 'src', src); _opnd(w, 'dst', dst)
+    _opnd(w, 'src', src)
+    _opnd(w, 'dst', dst)
     P, F = _pf(src)
     if _pf(dst) != (P, 8): _fail(w, f'dst {dst.shape} must hold 8 elements per partition on {P} partitions')
     if F < 8: _fail(w, f'src has {F} elements per partition; at least 8 are needed')
@@ -1220,7 +1480,8 @@ def _affine(op, P, free, pattern, offset, channel_multiplier):
     if n != free: _fail(op, f'pattern {pattern} generates {n} elements per partition but the tile has {free}')
     v = np.zeros((1,) + tuple(p[1] for p in pattern), np.int64)
     for k, (step, num) in enumerate(pattern):
-        shp = [1] * (len(pattern) + 1); shp[k + 1] = num
+        shp = [1] * (len(pattern) + 1)
+        shp[k + 1] = num
         v = v + (np.arange(num, dtype=np.int64) * step).reshape(shp)
     return v.reshape(1, -1) + int(offset) + np.arange(P, dtype=np.int64)[:, None] * int(channel_multiplier)
 
@@ -1232,18 +1493,26 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     if not _st().dry: _write(dst, v.astype(np.int32).astype(np.float64) if _is_float(dst.dtype) else v.astype(np.int32))
     return _tick(w, 'gpsimd', pool=dst.size)
 
-def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_OPS['equal'], offset=0, name=None):
+def affine_select(
+    dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=_OPS['equal'], offset=0, name=None
+):
     "`nisa.affine_select`: dst = on_true_tile where cmp_op(affine value, 0), else on_false_value (GpSimd, SBUF)."
     w = 'affine_select'
     if type(on_true_tile) is not NkiTensor:
-        _fail(w, f'on_true_tile must be a NKI tensor, got {on_true_tile!r}; the 0.6 order is affine_select(dst, pattern, '
-                 f'channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0)')
-    _opnd(w, 'on_true_tile', on_true_tile, _SBUF); _opnd(w, 'dst', dst, _SBUF)
+        _fail(
+            w,
+            f'on_true_tile must be a NKI tensor, got {on_true_tile!r}; the 0.6 order is affine_select(dst, pattern, '
+            f'channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0)',
+        )
+    _opnd(w, 'on_true_tile', on_true_tile, _SBUF)
+    _opnd(w, 'dst', dst, _SBUF)
     _layout(w, dst, 'dst', on_true_tile, 'on_true_tile')
     o = _as_op(cmp_op, w, ('alu',), 'cmp_op')
     if o.name not in ('equal', 'not_equal', 'less', 'less_equal', 'greater', 'greater_equal'):
         _fail(w, f'cmp_op={o!r} must be a comparison (nl.equal, nl.greater_equal, ...)')
-    if isinstance(on_false_value, (NkiTensor, bool)) or not isinstance(on_false_value, (int, float, np.floating, np.integer)):
+    if isinstance(on_false_value, (NkiTensor, bool)) or not isinstance(
+        on_false_value, (int, float, np.floating, np.integer)
+    ):
         _fail(w, f'on_false_value={on_false_value!r} must be a float32 scalar')
     v = _affine(w, *_pf(dst), pattern, offset, channel_multiplier)
     if not _st().dry:
@@ -1258,34 +1527,58 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None):
     "`nisa.nc_matmul`: dst (PSUM, fp32) = stationary.T @ moving on the TensorEngine; see the accumulation rules above."
     w = 'nc_matmul'
-    _opnd(w, 'stationary', stationary, _SBUF); _opnd(w, 'moving', moving, _SBUF); _opnd(w, 'dst', dst, _PSUM)
-    if tile_position or tile_size: _not_simulated('nisa.nc_matmul(tile_position=, tile_size=)', 'TensorEngine row/column tiling')
-    if _enum(perf_mode, _PerfMode, w, 'perf_mode') is _PerfMode.double_row: _not_simulated('nisa.nc_matmul(perf_mode=double_row)')
+    _opnd(w, 'stationary', stationary, _SBUF)
+    _opnd(w, 'moving', moving, _SBUF)
+    _opnd(w, 'dst', dst, _PSUM)
+    if tile_position or tile_size:
+        _not_simulated('nisa.nc_matmul(tile_position=, tile_size=)', 'TensorEngine row/column tiling')
+    if _enum(perf_mode, _PerfMode, w, 'perf_mode') is _PerfMode.double_row:
+        _not_simulated('nisa.nc_matmul(perf_mode=double_row)')
     if accumulate not in (None, True, False): _fail(w, f'accumulate={accumulate!r} must be None, True or False')
     if is_transpose: return _pe_transpose(w, dst, stationary, moving)
     K, M = _pf(stationary)
     N = _pf(moving)[1]
     if moving.shape[0] != K:
-        _fail(w, f'stationary {stationary.shape} and moving {moving.shape} must share the partition (contraction) dimension')
-    if M > 128: _fail(w, f'stationary operand free size {M} exceeds the TensorEngine limit of 128 (shape {stationary.shape})')
+        _fail(
+            w,
+            f'stationary {stationary.shape} and moving {moving.shape} must share the partition (contraction) dimension',
+        )
+    if M > 128:
+        _fail(w, f'stationary operand free size {M} exceeds the TensorEngine limit of 128 (shape {stationary.shape})')
     if N > 512: _fail(w, f'moving operand free size {N} exceeds the TensorEngine limit of 512 (shape {moving.shape})')
     ds_, dm = _dtname(stationary.dtype), _dtname(moving.dtype)
     for role, d, t in (('stationary', ds_, stationary), ('moving', dm, moving)):
-        if d == 'float8_e4m3fn': _fail(w, f'{role} is float8_e4m3fn (OCP FP8): a NeuronCore-v4 (trn3) matmul type; trn2 takes float8_e4m3 / float8_e5m2')
+        if d == 'float8_e4m3fn':
+            _fail(
+                w,
+                f'{role} is float8_e4m3fn (OCP FP8): a NeuronCore-v4 (trn3) matmul type; trn2 takes float8_e4m3 / '
+                f'float8_e5m2',
+            )
         if d not in _MM_DTYPES: _fail(w, f'{role} dtype {d} is not supported (shape {t.shape}); use fp8/bf16/fp16/fp32')
     if (ds_ == 'float32') != (dm == 'float32'):
         _fail(w, f'stationary dtype {ds_} and moving dtype {dm}: fp32 can only be multiplied with fp32')
     if _dtname(dst.dtype) != 'float32':
         _fail(w, f'dst dtype {_dtname(dst.dtype)} (shape {dst.shape}): matmul results are written to PSUM as float32')
-    if _pf(dst) != (M, N): _fail(w, f'dst shape {dst.shape} must be ({M}, {N}) for stationary {stationary.shape} and moving {moving.shape}')
+    if _pf(dst) != (M, N):
+        _fail(
+            w, f'dst shape {dst.shape} must be ({M}, {N}) for stationary {stationary.shape} and moving {moving.shape}'
+        )
     acc = dst._acc
     lo, hi = int(acc.min()), int(acc.max())
     if accumulate is not False:
         if hi == 2:
-            _fail(w, f'dst {dst.shape} was last written by a non-matmul instruction (memset, tensor_copy, ...): '
-                     f'accumulating onto it is undefined on trn2; start the group with accumulate=False or use a fresh PSUM tile')
+            _fail(
+                w,
+                f'dst {dst.shape} was last written by a non-matmul instruction (memset, tensor_copy, ...): '
+                f'accumulating onto it is undefined on trn2; start the group with accumulate=False or use a fresh '
+                f'PSUM tile',
+            )
         if accumulate is True and lo == 0:
-            _fail(w, f'accumulate=True onto PSUM no matmul has written (dst {dst.shape}): undefined; the first matmul of a group overwrites')
+            _fail(
+                w,
+                f'accumulate=True onto PSUM no matmul has written (dst {dst.shape}): undefined; the first matmul of a '
+                f'group overwrites',
+            )
     if not _st().dry:
         r = (_f32(stationary).T @ _f32(moving)).reshape(dst._data.shape)
         d = dst._data
@@ -1297,13 +1590,18 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     return _tick(w, 'tensor', n_isa=2, flops=2 * K * M * N, pe=N * (4 if ds_ == 'float32' else 1), flops_key=key)
 
 def _pe_transpose(w, dst, data, identity):
-    "TensorEngine transpose: stationary `data` (K, M) against an identity moving (K, K) → dst (M, K) in PSUM, bit-accurate."
+    """TensorEngine transpose: stationary `data` (K, M) against an identity moving (K, K) → dst (M, K) in PSUM,
+    bit-accurate."""
     K, M = _pf(data)
     if M > 128: _fail(w, f'data free size {M} exceeds the TensorEngine transpose limit of 128 (shape {data.shape})')
     if identity is not None and _pf(identity) != (K, K):
         _fail(w, f'is_transpose needs an identity moving operand of shape ({K}, {K}), got {identity.shape}')
     if dst.dtype != data.dtype:
-        _fail(w, f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape {dst.shape})')
+        _fail(
+            w,
+            f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape '
+            f'{dst.shape})',
+        )
     if _pf(dst) != (M, K): _fail(w, f'dst shape {dst.shape} must be ({M}, {K}) for data {data.shape}')
     if not _st().dry:
         if identity is not None and not np.array_equal(_f32(identity), np.eye(K, dtype=np.float32)):
@@ -1314,20 +1612,28 @@ def _pe_transpose(w, dst, data, identity):
     return _tick(w, 'tensor', n_isa=2, pe=K * (4 if _dtname(data.dtype) == 'float32' else 1))
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
-    "`nisa.nc_transpose`: dst = dataᵀ (partition ↔ free); TensorEngine (SBUF → PSUM, ≤ 128×128) or Vector engine (≤ 32×32)."
+    """`nisa.nc_transpose`: dst = dataᵀ (partition ↔ free); TensorEngine (SBUF → PSUM, ≤ 128×128) or Vector engine (≤
+    32×32)."""
     w = 'nc_transpose'
-    _opnd(w, 'data', data); _opnd(w, 'dst', dst)
+    _opnd(w, 'data', data)
+    _opnd(w, 'dst', dst)
     e = _enum(engine, _Engine, w, 'engine')
     if e is _Engine.unknown: e = _Engine.tensor if dst._alloc.buffer is psum and data._alloc.buffer is sbuf else _V
     if e is _Engine.tensor:
-        if data._alloc.buffer is not sbuf: _fail(w, f'TensorEngine transpose reads SBUF, data is in {data.buffer.name.upper()} (shape {data.shape})')
-        if dst._alloc.buffer is not psum: _fail(w, f'TensorEngine transpose writes PSUM, dst is in {dst.buffer.name.upper()} (shape {dst.shape})')
+        if data._alloc.buffer is not sbuf:
+            _fail(w, f'TensorEngine transpose reads SBUF, data is in {data.buffer.name.upper()} (shape {data.shape})')
+        if dst._alloc.buffer is not psum:
+            _fail(w, f'TensorEngine transpose writes PSUM, dst is in {dst.buffer.name.upper()} (shape {dst.shape})')
         return _pe_transpose(w, dst, data, None)
     if e is not _V: _fail(w, f'engine={e.name}: transposes run on the tensor or vector engine')
     P, F = _pf(data)
     if P > 32 or F > 32: _fail(w, f'Vector engine transposes at most 32x32, data shape {data.shape}')
     if dst.dtype != data.dtype:
-        _fail(w, f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape {dst.shape})')
+        _fail(
+            w,
+            f'transpose output dtype {_dtname(dst.dtype)} must equal the input dtype {_dtname(data.dtype)} (dst shape '
+            f'{dst.shape})',
+        )
     if _pf(dst) != (F, P): _fail(w, f'dst shape {dst.shape} must be ({F}, {P}) for data {data.shape}')
     if not _st().dry:
         dst._data[...] = data._data.reshape(P, F).T.reshape(dst._data.shape)
@@ -1370,7 +1676,10 @@ def _hl_binary(o, x, y, dtype):
     if len(tiles) == 2 and x.shape != y.shape:
         big, small = (x, y) if _pf(y)[1] == 1 else (y, x)
         if _pf(small) != (big.shape[0], 1):
-            _fail(w, f'x {x.shape} and y {y.shape}: tiles must have the same shape, or one be a ({big.shape[0]}, 1) vector')
+            _fail(
+                w,
+                f'x {x.shape} and y {y.shape}: tiles must have the same shape, or one be a ({big.shape[0]}, 1) vector',
+            )
         t0 = big
     val = lambda a: _f32(a) if type(a) is NkiTensor else np.float32(a)   # a (P, 1) vector broadcasts over (P, F)
     dt = t0.dtype if dtype is None else dtype
@@ -1411,7 +1720,9 @@ def where(condition, x, y, dtype=None):
     w = 'nl.where'
     _hl_in(w, condition)
     for role, t in (('x', x), ('y', y)):
-        if type(t) is NkiTensor: _opnd(w, role, t); _layout(w, t, role, condition, 'condition')
+        if type(t) is NkiTensor:
+            _opnd(w, role, t)
+            _layout(w, t, role, condition, 'condition')
     ref = x if type(x) is NkiTensor else y if type(y) is NkiTensor else condition
     v = lambda a: _f32(a) if type(a) is NkiTensor else np.float32(a)
     return _hl_out(w, condition.shape, ref.dtype if dtype is None else dtype,
@@ -1422,7 +1733,8 @@ def expand_dims(x, axis):
     return x.expand_dim(axis)
 
 def broadcast_to(x, shape, dtype=None):
-    "`nl.broadcast_to`: a new SBUF tile of `shape` (same rank as x; dims equal or broadcast from 1); across partitions on GpSimd."
+    """`nl.broadcast_to`: a new SBUF tile of `shape` (same rank as x; dims equal or broadcast from 1); across partitions
+    on GpSimd."""
     w = 'nl.broadcast_to'
     _hl_in(w, x)
     shape = tuple(int(s) for s in shape)
@@ -1445,7 +1757,8 @@ def transpose(x, dtype=None):
 def matmul(x, y, transpose_x=False):
     "`nl.matmul`: x @ y (or x.T @ y with transpose_x) on the TensorEngine; the result is an fp32 PSUM tile."
     w = 'nl.matmul'
-    _hl_in(w, x); _opnd(w, 'y', y)
+    _hl_in(w, x)
+    _opnd(w, 'y', y)
     if not transpose_x:
         xt = ndarray(x.shape[::-1], x.dtype, psum)
         nc_transpose(xt, x, _Engine.tensor)
@@ -1459,7 +1772,8 @@ copy = _OPS['copy']
 def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
     "`nl.rms_norm`: x / sqrt(sum(x², axis) / n + epsilon) · w (w a tile like x or a (1, F) row)."
     op = 'nl.rms_norm'
-    _hl_in(op, x); _opnd(op, 'w', w)
+    _hl_in(op, x)
+    _opnd(op, 'w', w)
     k = _axes(op, x, axis)
     if compute_dtype is not None: _dtype(compute_dtype, op)
     P = x.shape[0]
@@ -1489,7 +1803,8 @@ def program_id(axis=0):
 def num_programs(axes=0):
     "`nl.num_programs`: the number of logical cores the kernel was launched on (kernel[lnc])."
     st = _st()
-    if axes not in (0, None, (0,), [0]): _fail('nl.num_programs', f'axes={axes!r}: a launch kernel[lnc] has one axis (0)')
+    if axes not in (0, None, (0,), [0]):
+        _fail('nl.num_programs', f'axes={axes!r}: a launch kernel[lnc] has one axis (0)')
     return st.lnc
 
 def program_ndim():
@@ -1526,8 +1841,10 @@ def _valueless(t) -> bool:
     return t.device.type == 'meta' or (fake is not None and isinstance(t, fake.FakeTensor))
 
 def _to_hbm(x, i, buffer):
-    "Wrap an argument as an HBM tensor sharing its memory; returns (tensor, writeback). Lists are refused, like NKI does."
-    if isinstance(x, list): _fail('simulate', f'argument {i} is a list; NKI kernels take tuples (lists are not supported since NKI 0.3)')
+    """Wrap an argument as an HBM tensor sharing its memory; returns (tensor, writeback). Lists are refused, like NKI
+    does."""
+    if isinstance(x, list):
+        _fail('simulate', f'argument {i} is a list; NKI kernels take tuples (lists are not supported since NKI 0.3)')
     th = _torch()
     if th is not None and isinstance(x, th.Tensor) and _valueless(x):
         if not _st().dry:
@@ -1537,11 +1854,13 @@ def _to_hbm(x, i, buffer):
         return _alloc(tuple(x.shape), dt, buffer, f'arg{i}', data=np.empty(tuple(x.shape), dt)), None  # never touched
     if th is not None and isinstance(x, th.Tensor):
         t = x.detach()
-        if t.device.type != 'cpu': raise TypeError(f'simulate: argument {i} is on {t.device}; the simulator needs CPU tensors')
+        if t.device.type != 'cpu':
+            raise TypeError(f'simulate: argument {i} is on {t.device}; the simulator needs CPU tensors')
         cont = t.is_contiguous()
         if not cont: t = t.contiguous()
         dt = _dtype(t.dtype, f'simulate: argument {i}')
-        if t.dtype.itemsize == 2 and t.dtype.is_floating_point and dt != np.float16: a = t.view(th.int16).numpy().view(dt)
+        if t.dtype.itemsize == 2 and t.dtype.is_floating_point and dt != np.float16:
+            a = t.view(th.int16).numpy().view(dt)
         elif t.dtype.itemsize == 1 and t.dtype.is_floating_point: a = t.view(th.uint8).numpy().view(dt)
         else: a = t.numpy()
         wb = None if cont else (lambda x=x, t=t: x.copy_(t))
@@ -1589,8 +1908,11 @@ class Kernel:
     def __getitem__(self, lnc):
         if isinstance(lnc, tuple) and len(lnc) == 1: lnc = lnc[0]
         if not isinstance(lnc, (int, np.integer)) or isinstance(lnc, bool) or not 1 <= lnc <= MAX_LNC:
-            _fail(f'{self.fn.__name__}[{lnc!r}]', f'the bracket is the logical-core count, 1 or {MAX_LNC} on trn2 '
-                                                 f'(NEURON_LOGICAL_NC_CONFIG), not a launch grid; loop over the work inside the kernel')
+            _fail(
+                f'{self.fn.__name__}[{lnc!r}]',
+                f'the bracket is the logical-core count, 1 or {MAX_LNC} on trn2 '
+                f'(NEURON_LOGICAL_NC_CONFIG), not a launch grid; loop over the work inside the kernel',
+            )
         return Kernel(self.fn, int(lnc))
     def __call__(self, *args, **kwargs):
         if _STATE[0] is not None and _STATE[0].active: return self.fn(*args, **kwargs)  # a kernel calling a kernel
@@ -1617,7 +1939,11 @@ def jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs):
     checked, their fields are not simulated."""
     for k in kwargs:
         if k in ('platform_target', 'mode'):
-            _fail('nki.jit', f'{k}= was removed in NKI 0.3 (platform: NEURON_PLATFORM_TARGET_OVERRIDE; framework: detected from the arguments)')
+            _fail(
+                'nki.jit',
+                f'{k}= was removed in NKI 0.3 (platform: NEURON_PLATFORM_TARGET_OVERRIDE; framework: detected from '
+                f'the arguments)',
+            )
         _not_simulated(f'nki.jit({k}=...)')
     for k, v, cls in (('compile_config', compile_config, CompileConfig),
                       ('specialization_config', specialization_config, SpecializationConfig)):
@@ -1626,7 +1952,12 @@ def jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs):
     if fn is None: return lambda f: jit(f)
     if isinstance(fn, Kernel): return fn
     kw = [p.name for p in inspect.signature(fn).parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    if kw: _fail('nki.jit', f'{fn.__name__}: keyword-only parameters {kw} (a * separator) are not supported since NKI 0.3; give them defaults at the end instead')
+    if kw:
+        _fail(
+            'nki.jit',
+            f'{fn.__name__}: keyword-only parameters {kw} (a * separator) are not supported since NKI 0.3; give them '
+            f'defaults at the end instead',
+        )
     return Kernel(fn)
 
 def _openblas():
@@ -1644,7 +1975,9 @@ def _openblas():
 _BLAS = [0]
 
 class _one_blas_thread:
-    "Tile-sized GEMMs are far slower with a multi-threaded OpenBLAS (thread hand-off dominates): use one thread while simulating."
+    """Tile-sized GEMMs are far slower with a multi-threaded OpenBLAS (thread hand-off dominates): use one thread while
+    simulating."""
+
     def __enter__(self):
         if _BLAS[0] == 0: _BLAS[0] = _openblas()
         self.n = None
@@ -1681,10 +2014,14 @@ def _run(k, args, kwargs, hw=TRN2, dry=False):
             buf = shared_hbm if lnc > 1 else private_hbm
             hargs = []
             for i, a in enumerate(args):
-                h, wb = _to_hbm(a, i, buf); hargs.append(h); wbs.append(wb)
+                h, wb = _to_hbm(a, i, buf)
+                hargs.append(h)
+                wbs.append(wb)
             hkw = {}
             for n, a in kwargs.items():
-                h, wb = _to_hbm(a, n, buf); hkw[n] = h; wbs.append(wb)
+                h, wb = _to_hbm(a, n, buf)
+                hkw[n] = h
+                wbs.append(wb)
             outs = None
             for pid in range(lnc):
                 st.pid, st.shared_i, st.prog = pid, 0, 0
@@ -1692,7 +2029,11 @@ def _run(k, args, kwargs, hw=TRN2, dry=False):
                 st.trace.program_instructions.append(st.prog)
                 for i, o in enumerate(_outputs(out)):
                     if o._alloc.buffer is not shared_hbm:
-                        _fail(k.fn.__name__, f'output #{i} {o.shape} is in {o.buffer.name}: kernel outputs must be allocated with buffer=nl.shared_hbm')
+                        _fail(
+                            k.fn.__name__,
+                            f'output #{i} {o.shape} is in {o.buffer.name}: kernel outputs must be allocated with '
+                            f'buffer=nl.shared_hbm',
+                        )
                 if outs is None: outs = out
             res = _from_hbm(outs, as_torch, zeros=dry, device='meta' if meta else None)
             for wb in wbs:
@@ -1709,7 +2050,8 @@ def _run(k, args, kwargs, hw=TRN2, dry=False):
     return res
 
 def simulate(kernel):
-    "Mirror of `nki.simulate`: `simulate(kernel)(*arrays)` runs the kernel on the CPU; NumPy or torch in, same kind out."
+    """Mirror of `nki.simulate`: `simulate(kernel)(*arrays)` runs the kernel on the CPU; NumPy or torch in, same kind
+    out."""
     k = kernel if isinstance(kernel, Kernel) else jit(kernel)
     def run(*args, **kwargs): return _run(k, args, kwargs)
     run.__name__ = f'simulate({k.fn.__name__})'
@@ -1747,19 +2089,57 @@ def _placeholder(mod, name):
     f.__name__, f.__qualname__, f.not_simulated = name, name, True
     return f
 
-_IMPL = {'nki.language': dict(globals(), **_OPS, **{k: np.dtype(v).type for k, v in _DT.items()}, **_UNSIM_DT,
-                             hbm=hbm, MemoryRegion=MemoryRegion, NkiTensor=NkiTensor, NKIObject=NKIObject, _TileSize=_TileSize),
-         'nki.isa': dict(globals()),
-         'nki.compiler': dict(CompileConfig=CompileConfig, SpecializationConfig=SpecializationConfig,
-                              AddressRotation=AddressRotation),
-         'nki.lnc': {}}   # sendrecv, sendrecv_compute, core_barrier: exchanges between LNC=2's two cores, not simulated
-_EXCLUDE = {'nki.language': {'dropout', 'rand', 'random_seed', 'gather_flattened', 'fori_loop', 'while_loop'},
-            'nki.compiler': set(), 'nki.lnc': set(),
-            'nki.isa': {'dma_transpose', 'tensor_scalar_cumulative', 'tensor_tensor_scan', 'range_select', 'select_reduce',
-                        'local_gather', 'nc_n_gather', 'nc_stream_shuffle', 'rng', 'dropout', 'set_rng_seed', 'rand_set_state',
-                        'rand_get_state', 'sendrecv', 'core_barrier', 'register_alloc', 'register_move', 'register_load',
-                        'register_store', 'nc_find_index8', 'nc_match_replace8', 'nonzero_with_count', 'topk',
-                        'sequence_bounds', 'VirtualRegister', *_V4_ONLY}}
+_IMPL = {
+    'nki.language': dict(
+        globals(),
+        **_OPS,
+        **{k: np.dtype(v).type for k, v in _DT.items()},
+        **_UNSIM_DT,
+        hbm=hbm,
+        MemoryRegion=MemoryRegion,
+        NkiTensor=NkiTensor,
+        NKIObject=NKIObject,
+        _TileSize=_TileSize,
+    ),
+    'nki.isa': dict(globals()),
+    'nki.compiler': dict(
+        CompileConfig=CompileConfig, SpecializationConfig=SpecializationConfig, AddressRotation=AddressRotation
+    ),
+    'nki.lnc': {},
+}   # sendrecv, sendrecv_compute, core_barrier: exchanges between LNC=2's two cores, not simulated
+_EXCLUDE = {
+    'nki.language': {'dropout', 'rand', 'random_seed', 'gather_flattened', 'fori_loop', 'while_loop'},
+    'nki.compiler': set(),
+    'nki.lnc': set(),
+    'nki.isa': {
+        'dma_transpose',
+        'tensor_scalar_cumulative',
+        'tensor_tensor_scan',
+        'range_select',
+        'select_reduce',
+        'local_gather',
+        'nc_n_gather',
+        'nc_stream_shuffle',
+        'rng',
+        'dropout',
+        'set_rng_seed',
+        'rand_set_state',
+        'rand_get_state',
+        'sendrecv',
+        'core_barrier',
+        'register_alloc',
+        'register_move',
+        'register_load',
+        'register_store',
+        'nc_find_index8',
+        'nc_match_replace8',
+        'nonzero_with_count',
+        'topk',
+        'sequence_bounds',
+        'VirtualRegister',
+        *_V4_ONLY,
+    },
+}
 
 _SHORT = {'nki.language': 'nl', 'nki.isa': 'nisa', 'nki.lnc': 'nki.lnc', 'nki.compiler': 'nki.compiler'}
 
@@ -1828,17 +2208,7 @@ NOT_SIMULATED = sorted(f'{_SHORT[m.__name__]}.{n}' for m in (emu_nl, emu_nisa, e
 """Names of the NKI 0.8 API the simulator does not implement (calling one raises `NotSimulatedError` or, trn3-only,
 `NKIConstraintError`)."""
 
-def _real_nki():
-    if os.environ.get('NEURONFRONTIER_SIM', '').lower() in ('emulator', 'emu', '1'): return None
-    try:
-        import importlib
-        m = importlib.import_module('nki')
-        importlib.import_module('nki.isa'); importlib.import_module('nki.language')
-        if hasattr(m, 'jit') and hasattr(m.isa, 'nc_matmul'): return m
-    except Exception: pass
-    return None
-
-_real = _real_nki()
+_real = real_nki()   # the Neuron SDK's nki, or None (notebook 02_neuron decides)
 REAL_NKI = _real is not None
 if REAL_NKI:
     nki, nl, nisa = _real, _real.language, _real.isa

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from .hw import logical_cores
 from . import sim
-from .sim import (simulate, shape_only, last_trace, Kernel, InstructionLimitWarning, NKIDeprecationWarning,
-                                _valueless)
+from .sim import (simulate, shape_only, last_trace, Kernel, InstructionLimitWarning,
+                                NKIDeprecationWarning, _valueless)
 
 # %% auto #0
 __all__ = ['KernelCall', 'KernelFailure', 'TorchNeuronStandIn']

@@ -148,13 +148,13 @@ def test_corrupt_or_truncated_checkpoints_are_refused_in_one_line(pydocs, tmp_pa
 
 def test_sigterm_on_the_launcher_stops_both_ranks_interrupted_with_a_checkpoint(pydocs, tmp_path):
     out = tmp_path / "term"
-    p = _start(pydocs, out, 2)
+    p = _start(pydocs, out, 2, "--steps", "2000")   # far more steps than the signal needs to arrive, even under load
     while p.poll() is None and (not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text().count("\n") < 2): time.sleep(0.05)
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, stderr[-3000:])
     res = json.loads((out / "result.json").read_text())
-    assert res["status"] == "interrupted" and 2 <= res["steps"] < 20 and res["world_size"] == 2
+    assert res["status"] == "interrupted" and 2 <= res["steps"] < 2000 and res["world_size"] == 2
     assert torch.load(out / "resume.pt", weights_only=True)["state"]["step"] == res["steps"]
 
 

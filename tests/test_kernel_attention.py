@@ -132,7 +132,7 @@ def test_rejects_mixed_dtypes():
 
 
 def test_import_registers_backends():
-    ops.resolve("attention")   # loads the kernel modules
+    ops.backend_for("attention")   # loads the kernel modules
     assert "nki-sim" in ops._IMPLS["attention"]
     assert NKI_REGISTERED == ("nki" in ops._IMPLS["attention"])
     if not REAL_NKI: assert not NKI_REGISTERED

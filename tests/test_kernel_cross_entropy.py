@@ -33,7 +33,7 @@ def _compare(h, W, y, rel=1e-5, block_tiles=None, **kw):
 def test_registered_backends():
     assert ops._IMPLS["cross_entropy"]["nki-sim"] is ce.cross_entropy_nki_sim
     if not sim.REAL_NKI: assert "nki" not in ops._IMPLS["cross_entropy"]   # guarded: only with the Neuron SDK
-    with ops.use_backend("cross_entropy=nki-sim"): assert ops.resolve("cross_entropy") == "nki-sim"
+    with ops.use_backend("cross_entropy=nki-sim"): assert ops.backend_for("cross_entropy") == "nki-sim"
 
 
 def test_d_pieces_narrow_vocab_tile_padded_tokens():

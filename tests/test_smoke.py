@@ -48,7 +48,8 @@ def _evaluate(data):
 
 
 def _train(data):
-    from neuronfrontier.train import pick_device, hw_name, logical_nc_config
+    from neuronfrontier.train import pick_device, hw_name
+    from neuronfrontier.hw import logical_cores as logical_nc_config
     assert hw_name(pick_device("cpu")) == "cpu" and logical_nc_config() in (1, 2)
 
 
@@ -105,6 +106,8 @@ CALLS = {
     "neuronfrontier.diagnostics": _diagnostics,
     "neuronfrontier.evaluate": _evaluate,
     "neuronfrontier.hw": lambda data: importlib.import_module("neuronfrontier.hw").mfu(1e5, 6e8, "trn2"),
+    "neuronfrontier.neuron": lambda data: importlib.import_module("neuronfrontier.neuron").torch_neuronx_module(),
+    "neuronfrontier.cost": lambda data: importlib.import_module("neuronfrontier.cost").kernel_work("rmsnorm", 256, 128),
     "neuronfrontier.kernels": lambda data: importlib.import_module("neuronfrontier.kernels"),
     "neuronfrontier.kernels.attention": lambda data: _kernel_op(
         "attention", *(torch.randn(1, 1, 128, 64, generator=g) for _ in range(3))),

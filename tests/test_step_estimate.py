@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from neuronfrontier.config import ModelConfig
-from neuronfrontier.hw import (Work, kernel_work, step_estimate, matmul_work, estimate_time, mfu, STEP_OPS, PMAX)
+from neuronfrontier.hw import estimate_time, mfu, PMAX
+from neuronfrontier.cost import Work, kernel_work, step_estimate, matmul_work, STEP_OPS
 from neuronfrontier.sim import REAL_NKI, nl, dry_run
 from neuronfrontier.kernels import rmsnorm as R, swiglu as S, cross_entropy as C
 

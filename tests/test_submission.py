@@ -35,11 +35,11 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert S.scan_imports(src) == [] and S.unresolved_names(src) == []
     assert "neuronfrontier" not in "".join(l for l in src.splitlines() if "import" in l)
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
-    # sections in notebook order, comments kept, package prefixes gone, the name clash config.resolve / ops.resolve renamed
+    # sections in notebook order, comments kept, package prefixes gone; ops.backend_for and config.resolve both kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
-    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "model", "ops", "loss", "moe", "hw", "optim", "resilience", "train",
-                                                     "evaluate", "submission")]
-    assert "# one decision for all ranks" in src and "def ops_resolve(" in src and "def resolve(" in src
+    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "ops", "loss", "moe", "model", "hw", "optim",
+                                                     "resilience", "evaluate", "train", "submission")]
+    assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
     # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
     assert "_KERNEL_MODULES = ('nf_kernels',)" in src
@@ -171,8 +171,13 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
 
 
 def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
-    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in S.BUNDLED if m != "loss"))
-    with pytest.raises(S.ExportError, match=r"'chunked_cross_entropy' comes from neuronfrontier.loss, which a submission does not bundle"):
+    "A module left out of the bundle fails the export, even one imported only for what it registers (the loss)."
+    full = S.BUNDLED
+    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in full if m != "loss"))
+    with pytest.raises(S.ExportError, match=r"model.py imports neuronfrontier.loss, which a submission does not bundle"):
+        S.bundle("cpu-micro")
+    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in full if m != "evaluate"))
+    with pytest.raises(S.ExportError, match=r"neuronfrontier.evaluate, which a submission does not bundle"):
         S.bundle("cpu-micro")
 
 

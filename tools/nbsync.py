@@ -18,6 +18,7 @@ so re-syncing a draft does not churn ids.
 
     python tools/nbsync.py .drafts/01_data.py nbs/01_data.ipynb [--run]
     python tools/nbsync.py --to-draft nbs/01_data.ipynb .drafts/01_data.py
+    python tools/nbsync.py .drafts/01_data.py nbs/01_data.ipynb --keep-outputs   # a source edit, outputs of the rest kept
 """
 import argparse, difflib, hashlib, json, re, sys
 from pathlib import Path
@@ -60,7 +61,8 @@ def to_draft(nb):
 def _src(c): return ''.join(c['source']) if isinstance(c['source'], list) else c['source']
 
 
-def build_nb(cells, old, name):
+def build_nb(cells, old, name, keep_outputs=False):
+    "The notebook of draft `cells`, ids from `old`; with `keep_outputs`, a code cell whose source is unchanged keeps its outputs."
     old_cells = old['cells'] if old else []
     ids = [None] * len(cells)
     sm = difflib.SequenceMatcher(a=[_src(c) for c in old_cells], b=[s for _, s, _ in cells], autojunk=False)
@@ -79,6 +81,8 @@ def build_nb(cells, old, name):
         md = {'tags': tags} if tags else {}
         c = dict(cell_type=typ, id=cid, metadata=md, source=src.splitlines(True))
         if typ == 'code': c.update(execution_count=None, outputs=[])
+        prev = [o for o in old_cells if o.get('id') == cid and o['cell_type'] == 'code' and _src(o) == src]
+        if keep_outputs and typ == 'code' and prev: c.update(outputs=prev[0].get('outputs', []))
         nb_cells.append(c)
     meta = (old or {}).get('metadata') or {'kernelspec': {'display_name': 'python3', 'language': 'python', 'name': 'python3'}}
     return dict(cells=nb_cells, metadata=meta, nbformat=4, nbformat_minor=5)
@@ -109,6 +113,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('src'); ap.add_argument('dest')
     ap.add_argument('--run', action='store_true', help='execute the notebook and store its outputs')
+    ap.add_argument('--keep-outputs', action='store_true', help='keep the outputs of code cells whose source is unchanged')
     ap.add_argument('--to-draft', action='store_true', help='write a draft from an existing notebook')
     a = ap.parse_args()
     if a.to_draft:
@@ -117,7 +122,7 @@ def main():
         return
     dest = Path(a.dest)
     old = json.loads(dest.read_text()) if dest.exists() else None
-    nb = build_nb(parse_draft(Path(a.src).read_text()), old, dest.stem)
+    nb = build_nb(parse_draft(Path(a.src).read_text()), old, dest.stem, a.keep_outputs)
     dest.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + '\n')
     if a.run: run_nb(str(dest))
 
