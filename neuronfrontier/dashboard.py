@@ -633,13 +633,9 @@ def _check_muon(data):
     G = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0))
     x = torch.linalg.svdvals(G.double()) / G.double().norm()
     lo, hi = ns_output_band(float(x.min()), 1.0)
-    lines, ok = (
-        [
-            f"G: 256×1024 Gaussian; σ/‖G‖_F in [{x.min():.4f}, {x.max():.4f}]; predicted output band "
-            f"p∘5([{x.min():.4f}, 1]) = [{lo:.3f}, {hi:.3f}]"
-        ],
-        True,
-    )
+    ok = True
+    lines = [f"G: 256×1024 Gaussian; σ/‖G‖_F in [{x.min():.4f}, {x.max():.4f}]; predicted output band "
+             f"p∘5([{x.min():.4f}, 1]) = [{lo:.3f}, {hi:.3f}]"]
     for dt, slack in ((torch.float32, 1e-3), (torch.bfloat16, 0.03)):
         s = torch.linalg.svdvals(zeropower_via_newtonschulz5(G, 5, dtype=dt).double())
         ok &= bool(lo - slack <= s.min() and s.max() <= hi + slack)

@@ -188,12 +188,8 @@ class MoE(nn.Module):
         self.w_gate = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_up = nn.Parameter(torch.randn(E, d, f) * d ** -0.5)
         self.w_down = nn.Parameter(torch.zeros(E, f, d))
-        self.ep_group, self.ep_size, self.ep_rank, self.dp_group = (
-            None,
-            1,
-            0,
-            None,
-        )  # expert parallelism: `expert_parallel`
+        # expert parallelism: `expert_parallel` sets these
+        self.ep_group, self.ep_size, self.ep_rank, self.dp_group = None, 1, 0, None
         self.aux_loss, self.stats = None, {}
 
     def experts(self, xb: torch.Tensor, block_expert: torch.Tensor, capacity: int) -> torch.Tensor:
