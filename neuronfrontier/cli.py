@@ -298,7 +298,6 @@ def _check_ep(a):
     "One-line errors for `train --ep N` before any process starts; then `ep=N` travels to the ranks as a `--set`."
     from neuronfrontier.config import resolve
     from neuronfrontier.moe import check_ep
-    if a.ep < 1: raise UserError(f"--ep {a.ep}: must be >= 1")   # before the config is resolved
     try: check_ep(resolve(a.config, a.recipe, a.sets)[0], a.ep, a.nproc, a.config)
     except ValueError as e: raise UserError(str(e)) from None
     a.sets = [*a.sets, f"ep={a.ep}"]
