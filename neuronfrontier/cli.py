@@ -303,7 +303,9 @@ def _check_ep(a):
     a.sets = [*a.sets, f"ep={a.ep}"]
 
 def _train(a) -> int:
-    from neuronfrontier.train import train, env_world, process_start_ns
+    from neuronfrontier.clock import process_start_ns
+    from neuronfrontier.distributed import env_world
+    from neuronfrontier.train import RunSpec, train
     from tqdm.auto import tqdm  # the progress bar on a terminal
 
     if a.steps is None and a.budget <= 0:
@@ -322,24 +324,11 @@ def _train(a) -> int:
         if a.resume and not (out / "resume.pt").exists():
             raise UserError(f"--resume: no resume.pt in {out}; run without --resume first")
         return _launch(a, out)
-    r = train(
-        a.config,
-        _data_dir(a),
-        out,
-        budget_s=None if a.steps else a.budget,
-        steps=a.steps,
-        seed=a.seed,
-        device=a.device,
-        sets=a.sets,
-        recipe=a.recipe,
-        resume=a.resume,
-        verbose=not a.quiet,
-        budget_mode=a.budget_mode,
-        startup_allowance_s=a.startup_allowance,
-        ckpt_every_s=a.ckpt_every,
-        started_ns=process_start_ns(),
-        bar=tqdm,
-    )
+    spec = RunSpec(a.config, _data_dir(a), out, budget_s=None if a.steps else a.budget, steps=a.steps, seed=a.seed,
+                   device=a.device, sets=tuple(a.sets), recipe=a.recipe, resume=a.resume, verbose=not a.quiet,
+                   budget_mode=a.budget_mode, startup_allowance_s=a.startup_allowance, ckpt_every_s=a.ckpt_every,
+                   started_ns=process_start_ns())
+    r = train(spec, bar=tqdm)
     if env_world()[0] != 0: return _EXIT[r["status"]]  # under torchrun rank 0 alone prints
     _print_result(r)
     if r["status"] in ("diverged", "crashed"):
@@ -349,7 +338,8 @@ def _train(a) -> int:
 
 def _eval(a) -> int:
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-    from neuronfrontier.train import load_for_eval, load_checkpoint, pick_device
+    from neuronfrontier.clock import pick_device
+    from neuronfrontier.checkpoint import load_for_eval, load_checkpoint
     from neuronfrontier.evaluate import evaluate_bpb
     if not Path(a.checkpoint).exists(): raise UserError(f"checkpoint {a.checkpoint} does not exist")
     dev = pick_device(a.device)

@@ -682,17 +682,11 @@ def _check_ablation(data, steps: int = 40):
     return ok, "\n".join(out)
 
 def _check_speedrun(data, budget_s: float = 5.0):
-    from neuronfrontier.train import train
+    from neuronfrontier.train import RunSpec, train
     with tempfile.TemporaryDirectory() as tmp:
-        r = train(
-            "cpu-micro",
-            data,
-            Path(tmp) / "run",
-            budget_s=budget_s,
-            recipe="frontier",
-            sets=["eval_tokens=16384"],
-            verbose=False,
-        )
+        spec = RunSpec("cpu-micro", data, Path(tmp) / "run", budget_s=budget_s, recipe="frontier",
+                       sets=("eval_tokens=16384",), verbose=False)
+        r = train(spec)
     ok = r["status"] == "completed" and r["train_s"] <= budget_s + r["max_step_s"]  # the watchdog's promise
     return ok, (
         f"neuronfrontier train --config cpu-micro --recipe frontier --budget {budget_s:g} --set eval_tokens=16384 "

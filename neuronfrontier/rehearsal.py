@@ -46,11 +46,12 @@ def _by_kind(snapshot) -> dict:
 def package_namespace():
     "The names a rehearsal takes from a submission's train.py, from the package itself."
     import types
-    from neuronfrontier import config, model, optim, train, evaluate, ops
+    from neuronfrontier import config, model, optim, distributed, train, evaluate, ops
     return types.SimpleNamespace(GPT=model.GPT, build_optimizers=optim.build_optimizers, train_step=train.train_step,
                                  autocast=train.autocast, evaluate_sums=evaluate.evaluate_sums, resolve=config.resolve,
                                  parse_backend=ops.parse_backend, set_backend=ops.set_backend, _IMPLS=ops._IMPLS,
-                                 backend_table=ops.backend_table, use_backend=ops.use_backend)
+                                 backend_table=ops.backend_table, use_backend=ops.use_backend,
+                                 DataParallel=distributed.DataParallel)
 
 def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None) -> dict:
     """Peak bytes by kind of `steps` training steps of `ns`'s model at the shapes of `mcfg`/`tcfg` on one of `world`
@@ -71,8 +72,9 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
         def loss_fn(x, y):   # MemTracker keeps per-module statistics of one forward; the peak it keeps across them
             mt.reset_mod_stats()
             return model.loss(x, y)
+        par = ns.DataParallel(world)
         with mt:
-            for _ in range(steps): ns.train_step(model, opts, batches, tcfg, 0.5, dev, loss_fn=loss_fn, world=world)
+            for _ in range(steps): ns.train_step(model, opts, batches, tcfg, 0.5, dev, loss_fn=loss_fn, parallel=par)
         out["train step"] = _by_kind(mt.get_tracker_snapshot("peak"))
         if before_eval: before_eval()
         x, y = tokens(tcfg.eval_batch_size, tcfg.eval_seq_len)
@@ -106,12 +108,12 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
     model = ns.GPT(mcfg).train()
     opts = ns.build_optimizers(model, tcfg, print_table=False)
     batches = iter(tokens, None)
-    ns.train_step(model, opts, batches, tcfg, 0.5, dev, world=world)   # the first step creates the optimizer state
+    ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=ns.DataParallel(world))   # creates the optimizer state
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
             for t in [*model.parameters(), *(v for o in opts for s in o.state.values() for v in s.values()
                                              if isinstance(v, torch.Tensor))]}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        ns.train_step(model, opts, batches, tcfg, 0.5, dev, world=world)
+        ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=ns.DataParallel(world))
     live = peak = 0
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]   # one per allocation or free
     for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):
@@ -121,7 +123,7 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
 
 # %% ../nbs/93_rehearsal.ipynb #d79456db
 _NAMES = ("GPT", "build_optimizers", "train_step", "autocast", "evaluate_sums", "resolve", "parse_backend",
-          "set_backend", "use_backend", "_IMPLS", "backend_table", "CONFIG", "RECIPE", "SETS")
+          "set_backend", "use_backend", "_IMPLS", "backend_table", "DataParallel", "CONFIG", "RECIPE", "SETS")
 
 def _import_submission(standin):
     "Import ./train.py with the simulator for `nki`, the stand-in for `torch_neuronx`, and `neuronfrontier` refused."

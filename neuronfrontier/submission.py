@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse, ast, builtins, importlib.util, inspect, json, os, re, shlex, subprocess, sys, tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from .train import train, process_start_ns, env_world
+from .clock import process_start_ns
+from .distributed import env_world
+from .train import RunSpec, train
 from .resilience import first_line
 
 # %% auto #0
@@ -75,21 +77,12 @@ def submission_main(argv=None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
     a = ap.parse_args(argv)
     try:
-        r = train(
-            CONFIG,
-            Path(a.data).expanduser(),
-            Path(a.out).expanduser(),
-            budget_s=None if a.steps else a.budget,
-            steps=a.steps,
-            seed=a.seed,
-            device=a.device,
-            sets=[*SETS, *a.sets],
-            recipe=RECIPE,
-            verbose=not a.quiet,
-            budget_mode="wall",
-            started_ns=process_start_ns(),
-            tokenizer_dir=Path(a.tokenizer).expanduser(),
-        )
+        # the competition's 30 minutes are wall-clock minutes: wall mode, from the process's start
+        spec = RunSpec(CONFIG, Path(a.data).expanduser(), Path(a.out).expanduser(),
+                       budget_s=None if a.steps else a.budget, steps=a.steps, seed=a.seed, device=a.device,
+                       sets=(*SETS, *a.sets), recipe=RECIPE, verbose=not a.quiet, budget_mode="wall",
+                       started_ns=process_start_ns(), tokenizer_dir=Path(a.tokenizer).expanduser())
+        r = train(spec)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {first_line(e) or type(e).__name__}", file=sys.stderr)
         return 2
@@ -109,9 +102,10 @@ class ExportError(ValueError):
 PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ...
 # are not
-BUNDLED = ("data", "config", "neuron", "ops", "loss", "moe", "model", "hw", "optim", "resilience", "evaluate",
-           "train", "submission")
-ROOTS = (("submission", "submission_main"), ("train", "load_for_eval"))  # what train.py runs and what the scorer calls
+BUNDLED = ("data", "config", "neuron", "ops", "loss", "moe", "model", "hw", "optim", "resilience", "clock",
+           "distributed", "evaluate", "checkpoint", "train", "submission")
+# what train.py runs, and what the scorer calls
+ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"))
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
     return {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import torch
 from . import ops
+from . import loss, moe  # noqa: F401 -- they register the torch references of ops.cross_entropy, moe_mlp
 from .hw import INSTRUCTION_LIMIT
 from .sim import simulate, dry_run, last_trace
 

@@ -7,7 +7,7 @@ import torch
 from conftest import cli, ROOT
 from neuronfrontier.data import find_shards, load_tokenizer, val_batches
 from neuronfrontier.evaluate import evaluate_bpb
-from neuronfrontier.train import load_for_eval
+from neuronfrontier.checkpoint import load_for_eval
 
 FAST = ["--set", "eval_tokens=8192", "--set", "data_sharding=global", "--quiet"]  # 1 vs N processes: the same rows
 

@@ -109,3 +109,14 @@ def test_the_library_keeps_the_style(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("x = 1; y = 2\n" + "z = '" + "a" * 130 + "'\n" + "__all__ = ['" + "b" * 115 + "']\n")
     assert [p.split(": ", 1)[1][:12] for p in lint.findings(bad)] == ["line of 136 ", "`;` between "]
+
+
+def test_the_kernel_checks_work_in_a_fresh_interpreter():
+    """`neuronfrontier.testing` compares a kernel against the torch reference of its op, which `loss` and `moe` register:
+    it imports them itself, so a kernel notebook run on its own (not after another in the same process) works."""
+    import subprocess, sys
+    code = ("import torch\nfrom neuronfrontier.testing import compare_backends\n"
+            "e = compare_backends('cross_entropy', torch.randn(128, 128), torch.randn(512, 128) * 0.1,\n"
+            "                     torch.randint(0, 512, (128,)), backend='torch')\nprint(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-600:]

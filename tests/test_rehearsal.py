@@ -52,9 +52,9 @@ def test_rehearsal_passes_the_export(micro):
 
 def test_a_kernel_assert_at_the_production_shape_only(micro, tmp_path):
     "A precondition the kernel tests' 256 tokens keep and a rank's 1,024 break: named; swiglu falls back to torch."
-    keep = "    KT = d // P\n    assert 2 * KT * F * _isz(x) <= W_BUDGET"   # the forward kernel's own check, then ours
+    keep = "    KT = d // PMAX\n    assert 2 * KT * F * _isz(x) <= W_BUDGET"   # the forward kernel's own check, then ours
     d = _edited(micro, tmp_path / "assert", "nf_kernels/kernels/swiglu.py", keep,
-                "    KT = d // P\n    assert N <= 512, f'{N} tokens: this kernel keeps at most 512'\n"
+                "    KT = d // PMAX\n    assert N <= 512, f'{N} tokens: this kernel keeps at most 512'\n"
                 "    assert 2 * KT * F * _isz(x) <= W_BUDGET")
     rep = rehearse(d, nproc=2, lnc=1)
     bad = _failed(rep)
@@ -68,7 +68,7 @@ def test_a_trn2_rule_broken_only_at_a_large_shape(micro, tmp_path):
     "An SBUF tile that grows with the rows: 64 KiB a partition at 256 rows, over the 192 KiB budget at a rank's 1,024."
     fwd = "    rstd = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)\n    w_bc = _w_broadcast(w, d)\n"
     d = _edited(micro, tmp_path / "sbuf", "nf_kernels/kernels/rmsnorm.py", fwd,
-                fwd + "    grows = nl.ndarray((P, N * 64), dtype=nl.float32, buffer=nl.sbuf)\n")
+                fwd + "    grows = nl.ndarray((PMAX, N * 64), dtype=nl.float32, buffer=nl.sbuf)\n")
     rep = rehearse(d, nproc=2, lnc=1)
     bad = _failed(rep)
     assert not rep["passed"] and bad[0]["kernel"] == "rmsnorm_fwd_kernel[1]", rep["failures"]

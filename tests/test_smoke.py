@@ -47,10 +47,29 @@ def _evaluate(data):
     assert 0 < evaluate_bpb(lambda x: torch.zeros(*x.shape, 8192), [(y, y)], torch.ones(8192, dtype=torch.int32)) < 14
 
 
-def _train(data):
-    from neuronfrontier.train import pick_device, hw_name
+def _clock(data):
+    from neuronfrontier.clock import pick_device, hw_name
     from neuronfrontier.hw import logical_cores as logical_nc_config
     assert hw_name(pick_device("cpu")) == "cpu" and logical_nc_config() in (1, 2)
+
+
+def _checkpoint(data):
+    import pathlib, tempfile
+    from neuronfrontier.checkpoint import save_model, load_for_eval
+    m = _micro()
+    path = save_model(pathlib.Path(tempfile.mkdtemp()) / "model.pt", m)
+    idx = torch.randint(0, 8192, (1, 16))
+    assert torch.equal(load_for_eval(path, torch.device("cpu"))(idx), m.eval()(idx))
+
+
+def _train(data):
+    from neuronfrontier.config import resolve
+    from neuronfrontier.optim import build_optimizers
+    from neuronfrontier.train import train_step
+    m, tcfg = _micro(), resolve("cpu-micro")[1]
+    batches = iter(lambda: (torch.randint(0, 8192, (1, 16)),) * 2, None)
+    assert torch.isfinite(train_step(m, build_optimizers(m, tcfg, print_table=False), batches, tcfg, 0.5,
+                                     torch.device("cpu")))
 
 
 def _sim(data):
@@ -100,10 +119,13 @@ def _cli(data):
 g = torch.Generator().manual_seed(0)
 CALLS = {
     "neuronfrontier._modidx": lambda data: importlib.import_module("neuronfrontier._modidx").d["settings"],
+    "neuronfrontier.checkpoint": _checkpoint,
     "neuronfrontier.cli": _cli,
+    "neuronfrontier.clock": _clock,
     "neuronfrontier.config": lambda data: importlib.import_module("neuronfrontier.config").resolve("cpu-micro"),
     "neuronfrontier.data": lambda data: importlib.import_module("neuronfrontier.data").load_tokenizer(data / "tokenizer"),
     "neuronfrontier.diagnostics": _diagnostics,
+    "neuronfrontier.distributed": lambda data: importlib.import_module("neuronfrontier.distributed").agree_max([1, 2], 1),
     "neuronfrontier.evaluate": _evaluate,
     "neuronfrontier.hw": lambda data: importlib.import_module("neuronfrontier.hw").mfu(1e5, 6e8, "trn2"),
     "neuronfrontier.neuron": lambda data: importlib.import_module("neuronfrontier.neuron").torch_neuronx_module(),

@@ -7,6 +7,8 @@ import torch
 
 import neuronfrontier.train as T
 from neuronfrontier import ops
+from neuronfrontier.checkpoint import load_for_eval
+from neuronfrontier.clock import hw_name
 from neuronfrontier.config import CONFIGS, resolve
 from neuronfrontier.data import find_shards, load_tokenizer, val_batches
 from neuronfrontier.evaluate import evaluate_bpb
@@ -67,7 +69,7 @@ def test_trainer_trains_in_bf16_and_evaluates_in_fp32(pydocs, tmp_path, monkeypa
     # the saved fp32 weights score the same through the scorer's loader
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     vb = val_batches(find_shards(pydocs)[1], enc, 512, 8192, 8)
-    assert abs(evaluate_bpb(T.load_for_eval(tmp_path / "bf16" / "model.pt", torch.device("cpu")), vb, tb) - r["val_bpb"]) < 1e-6
+    assert abs(evaluate_bpb(load_for_eval(tmp_path / "bf16" / "model.pt", torch.device("cpu")), vb, tb) - r["val_bpb"]) < 1e-6
 
 
 def _compile_spy(monkeypatch):
@@ -118,7 +120,7 @@ def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["status"] == "diverged" and "ln V" in res["diverged_because"] and "3 rollbacks before" in res["diverged_because"]
     assert [rb["lr_scale"] for rb in res["rollbacks"]] == [0.5, 0.25, 0.125] and res["model_saved"]
-    m = T.load_for_eval(out / "model.pt", torch.device("cpu"))   # the last finite state, scored
+    m = load_for_eval(out / "model.pt", torch.device("cpu"))   # the last finite state, scored
     assert all(torch.isfinite(p).all() for p in m.parameters()) and 0 < res["val_bpb"] < 20
 
 
@@ -139,7 +141,7 @@ def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_pat
     assert r["status"] == "interrupted" and r["steps"] == 40 and len(r["rollbacks"]) == 1, r
     assert r["rollbacks"][0]["to_step"] == 5 and r["rollbacks"][0]["step"] == 20 and r["rollbacks"][0]["lr_scale"] == 0.5
     assert good["model.pt"] != (out / "model.pt").read_bytes()   # what is saved is finite, never the NaN weights
-    assert torch.isfinite(T.load_for_eval(out / "model.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
+    assert torch.isfinite(load_for_eval(out / "model.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
 
 
 def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
@@ -152,7 +154,7 @@ def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
     monkeypatch.setattr(T, "train_step", poisoned)
     r = T.train("cpu-micro", pydocs, tmp_path / "last", steps=6, sets=FAST + ["snapshot_every=5"], verbose=False)
     assert r["status"] == "completed" and r["rollbacks"][-1]["to_step"] == 5 and "at the end" in r["rollbacks"][-1]["why"]
-    assert torch.isfinite(T.load_for_eval(tmp_path / "last" / "model.pt", torch.device("cpu")).lm_head.weight).all()
+    assert torch.isfinite(load_for_eval(tmp_path / "last" / "model.pt", torch.device("cpu")).lm_head.weight).all()
 
 
 def test_no_step_at_lr_multiplier_zero(pydocs, tmp_path):
@@ -178,11 +180,11 @@ def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkey
     for op in ops.OPS: monkeypatch.setitem(ops._IMPLS[op], "nki-sim", refuse)
     idx = torch.randint(0, 8192, (1, 128))
     with ops.use_backend("nki-sim"):  # what a process with kernels selected looks like
-        m = T.load_for_eval(ck, torch.device("cpu"))
+        m = load_for_eval(ck, torch.device("cpu"))
         logits = m(idx)                            # the scorer's forward: plain PyTorch ops
         assert ops._state["spec"] == {op: "nki-sim" for op in ops.OPS}  # the process-wide setting is untouched
         with pytest.raises(AssertionError, match="nki-sim kernel ran"):
-            T.load_for_eval(ck, torch.device("cpu"), kernels=None)(idx)  # opting out follows the process setting
+            load_for_eval(ck, torch.device("cpu"), kernels=None)(idx)  # opting out follows the process setting
     with ops.use_backend("torch"):  # the same logits as an unpinned model on the torch backend
         ref = GPT(m.cfg); ref.load_state_dict(m.state_dict())
         torch.testing.assert_close(ref.eval()(idx), logits)
@@ -200,13 +202,13 @@ def test_model_pt_is_weights_only_and_resume_pt_has_the_rest(pydocs, tmp_path):
 def test_mfu_counts_the_cores_each_process_drives(monkeypatch):
     neuron = SimpleNamespace(type="neuron")
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
-    assert T.hw_name(neuron) == "trn2-lnc2"  # LNC=2 is the trn2 default
+    assert hw_name(neuron) == "trn2-lnc2"  # LNC=2 is the trn2 default
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
     from neuronfrontier import hw
-    lnc2 = hw.mfu(1e5, 6e8, T.hw_name(neuron))
+    lnc2 = hw.mfu(1e5, 6e8, hw_name(neuron))
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
-    assert T.hw_name(neuron) == "trn2-core"
-    assert lnc2 == pytest.approx(hw.mfu(1e5, 6e8, T.hw_name(neuron)) / 2)
+    assert hw_name(neuron) == "trn2-core"
+    assert lnc2 == pytest.approx(hw.mfu(1e5, 6e8, hw_name(neuron)) / 2)
 
 
 def test_every_preset_trains_at_least_at_its_scored_length():
@@ -221,7 +223,7 @@ def test_every_preset_trains_at_least_at_its_scored_length():
 def test_scoring_at_the_eval_length_is_not_worse_than_at_half_of_it(pydocs, tmp_path):
     "The same targets scored in full 512-token rows and in 256-token halves: the longer context must not cost bpb."
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=60, sets=FAST, verbose=False)
-    m = T.load_for_eval(tmp_path / "r" / "model.pt", torch.device("cpu"))
+    m = load_for_eval(tmp_path / "r" / "model.pt", torch.device("cpu"))
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     _, t = resolve("cpu-micro")
     vb = val_batches(find_shards(pydocs)[1], enc, t.eval_seq_len, 16384, 8)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, TRN2, core_range, logical_cores
+from ..hw import PMAX, FMAX, TRN2, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
@@ -23,17 +23,17 @@ def sbuf_bytes(kind: str, T: int, d: int, itemsize: int, resident: bool) -> int:
     inputs of `itemsize` bytes, with its resident tiles or streaming: the live tiles at the busiest step as the
     simulator
     counts them (a Python reference keeps a tile alive), equal to its measured peak for T >= 1024 and above it below."""
-    s, n, kw = itemsize, T // P, min(T, KB)
+    s, n, kw = itemsize, T // PMAX, min(T, KB)
     if kind == "fwd":
         res = T * s + n * d * s                                 # Kᵀ [d, T], V [128, n, d]
-        work = 4 * kw + 36 + s * (kw + 3 * P) + 4 * d + d * s   # S fp32, 9 fp32 row vectors, P, Qᵢᵀ, Pᵀ, acc, Oᵢ
-        stream = s * (kw + 3 * P + d)                           # the K block and V chunk, next ones in flight
+        work = 4 * kw + 36 + s * (kw + 3 * PMAX) + 4 * d + d * s   # S fp32, 9 fp32 row vectors, P, Qᵢᵀ, Pᵀ, acc, Oᵢ
+        stream = s * (kw + 3 * PMAX + d)                           # the K block and V chunk, next ones in flight
     elif kind == "bwd":
         res = 2 * T * s + 2 * n * d * s + 2 * n * 4  # Qᵀ, dOᵀ [d, T], Q, dO [128, n, d], L, D [128, n]
         work = (
-            4 * n * d + 2 * 4 * P + 6 * P * s + 4 * d * s
+            4 * n * d + 2 * 4 * PMAX + 6 * PMAX * s + 4 * d * s
         )  # dQ fp32 [128, n, d]; P, dS fp32; Kⱼᵀ, Vⱼᵀ, P, dS, dSᵀ; Kⱼ, Vⱼ, dKⱼ, dVⱼ
-        stream = 2 * P * s + 2 * d * s + 8                      # Qᵢᵀ, dOᵢᵀ [d, 128]; Qᵢ, dOᵢ [128, d]; Lᵢ, Dᵢ
+        stream = 2 * PMAX * s + 2 * d * s + 8                      # Qᵢᵀ, dOᵢᵀ [d, 128]; Qᵢ, dOᵢ [128, d]; Lᵢ, Dᵢ
     else: raise ValueError(f"sbuf_bytes: kind={kind!r} must be 'fwd' or 'bwd'")
     return work + (res if resident else stream)
 
@@ -65,7 +65,7 @@ def _transpose(dst, src, engine):
 def _tiles(x):
     "The HBM view [T, n] of one (batch·head) as [128, T/128, n]: 128-row tile c at [:, c, :], one DMA for all of them."
     T, n = x.shape
-    return x.reshape((T // P, P, n)).permute((1, 0, 2))
+    return x.reshape((T // PMAX, PMAX, n)).permute((1, 0, 2))
 
 def _fwd_head(qT, kT, v, o, lse, resident, window=None):
     """Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM.
@@ -77,64 +77,66 @@ def _fwd_head(qT, kT, v, o, lse, resident, window=None):
     if resident:
         kT_all = _to_sbuf(kT)                              # HBM→SBUF: all of Kᵀ [d, T], once per (batch·head)
         v_all = _to_sbuf(_tiles(v))                        # HBM→SBUF: all of V as [128, T/128, d], once
-    for i in range(T // P):                                # query tiles: rows q0 .. q0+127 on the partitions
-        q0 = i * P
-        q_t = _to_sbuf(qT[:, q0:q0 + P])                   # HBM→SBUF: Qᵢᵀ, stationary for every key block
-        m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row max
+    for i in range(T // PMAX):                                # query tiles: rows q0 .. q0+127 on the partitions
+        q0 = i * PMAX
+        q_t = _to_sbuf(qT[:, q0:q0 + PMAX])                   # HBM→SBUF: Qᵢᵀ, stationary for every key block
+        m = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row max
         nisa.memset(dst=m, value=NEG)
-        l = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row sum of exp(s - m)
+        l = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)       # running row sum of exp(s - m)
         nisa.memset(dst=l, value=0.0)
-        acc = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)     # running sum of exp(s - m) v
+        acc = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)     # running sum of exp(s - m) v
         nisa.memset(dst=acc, value=0.0)
-        k_first = max(0, q0 - window) // P * P             # key tile of the first row's oldest visible key
-        for k0 in range(k_first, q0 + P, KB):              # key blocks inside the window, left of the diagonal's end
-            kw = min(KB, q0 + P - k0)                      # trimmed: keys >= q0+128 are masked for every row
+        k_first = max(0, q0 - window) // PMAX * PMAX             # key tile of the first row's oldest visible key
+        for k0 in range(k_first, q0 + PMAX, KB):              # key blocks inside the window, left of the diagonal's end
+            kw = min(KB, q0 + PMAX - k0)                      # trimmed: keys >= q0+128 are masked for every row
             k_t = kT_all[:, k0:k0 + kw] if resident else _to_sbuf(kT[:, k0:k0 + kw])   # Kᵀ block (streamed: HBM→SBUF)
-            s_ps = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.psum)
+            s_ps = nl.ndarray((PMAX, kw), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=s_ps, stationary=q_t, moving=k_t)           # S = Qᵢ Kᵀ (one PSUM bank)
-            s = nl.ndarray((P, kw), dtype=nl.float32, buffer=nl.sbuf)
+            s = nl.ndarray((PMAX, kw), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=s, data=s_ps, op0=nl.multiply, operand0=scale)   # PSUM→SBUF, scaled
             if k0 + kw > q0:                               # the block that holds the diagonal: keep k <= q
                 nisa.affine_select(dst=s, pattern=[[-1, kw]], channel_multiplier=1, on_true_tile=s,
                                    on_false_value=NEG, cmp_op=nl.greater_equal, offset=q0 - k0)
-            if q0 + P - 1 - k0 > window:                   # a block with keys older than the window: keep q - k <= W
+            if q0 + PMAX - 1 - k0 > window:                   # a block with keys older than the window: keep q - k <= W
                 nisa.affine_select(dst=s, pattern=[[1, kw]], channel_multiplier=-1, on_true_tile=s,
                                    on_false_value=NEG, cmp_op=nl.greater_equal, offset=window - q0 + k0)
-            m_blk = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            m_blk = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=m_blk, op=nl.maximum, data=s, axis=1, keepdims=True)
-            m_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            m_new = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=m_new, data1=m, data2=m_blk, op=nl.maximum)
-            neg_m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            neg_m = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=neg_m, data=m_new, op0=nl.multiply, operand0=-1.0)
-            p = nl.ndarray((P, kw), dtype=v.dtype, buffer=nl.sbuf)       # P = exp(s - m'), in the dtype of v
-            row = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)   # its fp32 row sum, same instruction
+            p = nl.ndarray((PMAX, kw), dtype=v.dtype, buffer=nl.sbuf)       # P = exp(s - m'), in the dtype of v
+            row = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)   # its fp32 row sum, same instruction
             nisa.activation(dst=p, op=nl.exp, data=s, bias=neg_m, scale=1.0, reduce_op=nl.add, reduce_res=row,
                             reduce_cmd=nisa.reduce_cmd.reset_reduce)
-            alpha = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m - m') <= 1
+            alpha = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)  # exp(m - m') <= 1
             nisa.activation(dst=alpha, op=nl.exp, data=m, bias=neg_m, scale=1.0)
             nisa.scalar_tensor_tensor(dst=l, data=l, op0=nl.multiply, operand0=alpha, op1=nl.add, operand1=row)
-            pv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)  # P V, accumulated over 128-key chunks
-            for c in range(kw // P):
+            pv_ps = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.psum)  # P V, accumulated over 128-key chunks
+            for c in range(kw // PMAX):
                 pT = _transpose(
-                    nl.ndarray((P, P), dtype=v.dtype, buffer=nl.sbuf), p[:, c * P : (c + 1) * P], nisa.engine.vector
+                    nl.ndarray((PMAX, PMAX), dtype=v.dtype, buffer=nl.sbuf),
+                    p[:, c * PMAX : (c + 1) * PMAX],
+                    nisa.engine.vector,
                 )  # keys onto the partitions (ScalarE is busy with exp)
-                kc = k0 // P + c  # key tile of this chunk
+                kc = k0 // PMAX + c  # key tile of this chunk
                 v_t = (
-                    v_all[:, kc, :] if resident else _to_sbuf(v[kc * P : (kc + 1) * P, :])
+                    v_all[:, kc, :] if resident else _to_sbuf(v[kc * PMAX : (kc + 1) * PMAX, :])
                 )  # V chunk (streamed: HBM→SBUF)
                 nisa.nc_matmul(dst=pv_ps, stationary=pT, moving=v_t)
             nisa.scalar_tensor_tensor(dst=acc, data=acc, op0=nl.multiply, operand0=alpha, op1=nl.add,
                                       operand1=pv_ps)      # a ← α a + P V (reads PSUM)
             nisa.tensor_copy(dst=m, src=m_new)
-        inv_l = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        inv_l = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=inv_l, data=l)                 # Vector engine: the precise reciprocal
-        o_t = nl.ndarray((P, d), dtype=v.dtype, buffer=nl.sbuf)
+        o_t = nl.ndarray((PMAX, d), dtype=v.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=o_t, data=acc, op0=nl.multiply, operand0=inv_l)   # o = a / ℓ
-        nisa.dma_copy(dst=o[q0:q0 + P, :], src=o_t)        # SBUF→HBM: output rows
-        lse_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=o[q0:q0 + PMAX, :], src=o_t)        # SBUF→HBM: output rows
+        lse_t = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=lse_t, op=nl.log, data=l)      # ℓ >= 1: inside log's valid range
         nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=m, op=nl.add)      # L = m + log ℓ
-        nisa.dma_copy(dst=lse[q0:q0 + P, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
+        nisa.dma_copy(dst=lse[q0:q0 + PMAX, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
 
 @nki.jit
 def flash_fwd_kernel(qT, kT, v, sbuf_budget=0, window=None):
@@ -151,7 +153,7 @@ def flash_fwd_kernel(qT, kT, v, sbuf_budget=0, window=None):
     """
     BH, d, T = qT.shape
     assert d in (64, 128), f"flash_fwd_kernel: d_head must be 64 or 128 (one partition tile), got {d}"
-    assert T % P == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
+    assert T % PMAX == 0, f"flash_fwd_kernel: T must be a multiple of the 128-row query tile, got {T}"
     assert tuple(kT.shape) == (BH, d, T), f"flash_fwd_kernel: kT shape {kT.shape} must equal qT shape {qT.shape}"
     assert tuple(v.shape) == (BH, T, d), f"flash_fwd_kernel: v shape {v.shape} must be {(BH, T, d)}"
     assert window is None or window >= 0, f"flash_fwd_kernel: window={window} must be >= 0 keys (None: no window)"
@@ -181,85 +183,91 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False, w
     see one of its keys, q − W <= k."""
     d, T = qT.shape
     window = T if window is None else window
-    nT, dt, scale = T // P, qT.dtype, float(d) ** -0.5
+    nT, dt, scale = T // PMAX, qT.dtype, float(d) ** -0.5
     sc = nisa.engine.scalar  # the transposes' PSUM→SBUF copies: VectorE is the busier engine
-    dq_acc = None if dq_in_hbm else nl.ndarray((P, nT, d), dtype=nl.float32, buffer=nl.sbuf)   # dQ of every query tile
+    # dQ of every query tile
+    dq_acc = None if dq_in_hbm else nl.ndarray((PMAX, nT, d), dtype=nl.float32, buffer=nl.sbuf)
     if resident:                                           # HBM→SBUF, once per (batch·head): what the pairs re-read
         qT_all, do_all = _to_sbuf(qT), _to_sbuf(_tiles(do))   # Qᵀ [d, T]; dO [128, T/128, d]: tile i at [:, i, :]
-        q_all = nl.ndarray((P, nT, d), dtype=dt, buffer=nl.sbuf)   # Q and dOᵀ: the other layouts, built on chip
+        q_all = nl.ndarray((PMAX, nT, d), dtype=dt, buffer=nl.sbuf)   # Q and dOᵀ: the other layouts, built on chip
         doT_all = nl.ndarray((d, T), dtype=dt, buffer=nl.sbuf)
         for i in range(nT):
-            _transpose(q_all[:, i, :], qT_all[:, i * P:(i + 1) * P], sc)
-            _transpose(doT_all[:, i * P:(i + 1) * P], do_all[:, i, :], sc)
-        neg_lse_all = _to_sbuf(lse.reshape((nT, P)).permute((1, 0)))  # [128, T/128]: L of query tile i in column i
+            _transpose(q_all[:, i, :], qT_all[:, i * PMAX:(i + 1) * PMAX], sc)
+            _transpose(doT_all[:, i * PMAX:(i + 1) * PMAX], do_all[:, i, :], sc)
+        neg_lse_all = _to_sbuf(lse.reshape((nT, PMAX)).permute((1, 0)))  # [128, T/128]: L of query tile i in column i
         nisa.tensor_scalar(
             dst=neg_lse_all, data=neg_lse_all, op0=nl.multiply, operand0=-1.0
         )  # -L, for every tile at once
-        D_all = _to_sbuf(dsum.reshape((nT, P)).permute((1, 0)))
+        D_all = _to_sbuf(dsum.reshape((nT, PMAX)).permute((1, 0)))
     for j in range(nT):                                    # key tiles: keys k0 .. k0+127
-        k0 = j * P
-        kT_t = _to_sbuf(kT[:, k0:k0 + P])                  # HBM→SBUF: Kⱼᵀ [d, 128]
-        k_t = _transpose(nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf), kT_t, sc)  # Kⱼ [128, d]
+        k0 = j * PMAX
+        kT_t = _to_sbuf(kT[:, k0:k0 + PMAX])                  # HBM→SBUF: Kⱼᵀ [d, 128]
+        k_t = _transpose(nl.ndarray((PMAX, d), dtype=dt, buffer=nl.sbuf), kT_t, sc)  # Kⱼ [128, d]
         vT_t = _transpose(
-            nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf), _to_sbuf(v[k0 : k0 + P, :]), sc
+            nl.ndarray((d, PMAX), dtype=dt, buffer=nl.sbuf), _to_sbuf(v[k0 : k0 + PMAX, :]), sc
         )  # HBM→SBUF: Vⱼ; Vⱼᵀ
-        dk_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
-        dv_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
-        last = min(nT - 1, (k0 + P - 1 + window) // P)     # the last query tile that sees a key of this tile
+        dk_ps = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.psum)   # dKⱼ, accumulated over query tiles
+        dv_ps = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.psum)   # dVⱼ, likewise
+        last = min(nT - 1, (k0 + PMAX - 1 + window) // PMAX)     # the last query tile that sees a key of this tile
         for i in range(j, last + 1):                       # query tiles on or below the diagonal, inside the window
-            q0 = i * P
-            first = max(0, q0 - window) // P == j          # the first key tile query tile i meets: it writes dQᵢ
-            if resident:                                   # views of the resident tiles
-                qT_t, q_t, do_t, doT_t = qT_all[:, q0:q0 + P], q_all[:, i, :], do_all[:, i, :], doT_all[:, q0:q0 + P]
+            q0 = i * PMAX
+            first = max(0, q0 - window) // PMAX == j          # the first key tile query tile i meets: it writes dQᵢ
+            if resident:  # views of the resident tiles
+                qT_t, q_t, do_t, doT_t = (
+                    qT_all[:, q0 : q0 + PMAX],
+                    q_all[:, i, :],
+                    do_all[:, i, :],
+                    doT_all[:, q0 : q0 + PMAX],
+                )
                 neg_lse, D_t = neg_lse_all[:, i:i + 1], D_all[:, i:i + 1]
             else:                                          # streamed, HBM→SBUF: Qᵢᵀ, dOᵢ, Lᵢ, Dᵢ; Qᵢ, dOᵢᵀ transposed
-                qT_t, do_t = _to_sbuf(qT[:, q0:q0 + P]), _to_sbuf(do[q0:q0 + P, :])
-                q_t = _transpose(nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf), qT_t, sc)
-                doT_t = _transpose(nl.ndarray((d, P), dtype=dt, buffer=nl.sbuf), do_t, sc)
-                neg_lse, D_t = _to_sbuf(lse[q0:q0 + P, :]), _to_sbuf(dsum[q0:q0 + P, :])
+                qT_t, do_t = _to_sbuf(qT[:, q0:q0 + PMAX]), _to_sbuf(do[q0:q0 + PMAX, :])
+                q_t = _transpose(nl.ndarray((PMAX, d), dtype=dt, buffer=nl.sbuf), qT_t, sc)
+                doT_t = _transpose(nl.ndarray((d, PMAX), dtype=dt, buffer=nl.sbuf), do_t, sc)
+                neg_lse, D_t = _to_sbuf(lse[q0:q0 + PMAX, :]), _to_sbuf(dsum[q0:q0 + PMAX, :])
                 nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
-            s_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            s_ps = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=s_ps, stationary=qT_t, moving=kT_t)   # Qᵢ Kⱼᵀ [q, k]
-            p = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            p = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=p, op=nl.exp, data=s_ps, bias=neg_lse, scale=scale)   # P = exp(s/√d - L), PSUM→SBUF
             if i == j:                                     # diagonal tile: zero the keys after the query
-                nisa.affine_select(dst=p, pattern=[[-1, P]], channel_multiplier=1, on_true_tile=p,
+                nisa.affine_select(dst=p, pattern=[[-1, PMAX]], channel_multiplier=1, on_true_tile=p,
                                    on_false_value=0.0, cmp_op=nl.greater_equal, offset=q0 - k0)
-            if q0 + P - 1 - k0 > window:                   # a pair with keys older than the window: zero q - k > W
-                nisa.affine_select(dst=p, pattern=[[1, P]], channel_multiplier=-1, on_true_tile=p,
+            if q0 + PMAX - 1 - k0 > window:                   # a pair with keys older than the window: zero q - k > W
+                nisa.affine_select(dst=p, pattern=[[1, PMAX]], channel_multiplier=-1, on_true_tile=p,
                                    on_false_value=0.0, cmp_op=nl.greater_equal, offset=window - q0 + k0)
-            p_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            p_lo = nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_copy(dst=p_lo, src=p)              # P in the matmul dtype
             nisa.nc_matmul(dst=dv_ps, stationary=p_lo, moving=do_t)      # dVⱼ += Pᵀ dOᵢ
-            dp_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            dp_ps = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=dp_ps, stationary=doT_t, moving=vT_t)     # dP = dOᵢ Vⱼᵀ [q, k]
-            ds = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+            ds = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ds, data=dp_ps, op0=nl.subtract, operand0=D_t, op1=nl.multiply,
                                       operand1=p)         # dS = P ⊙ (dP - D), PSUM→SBUF
-            ds_lo = nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf)
+            ds_lo = nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ds_lo, data=ds, op0=nl.multiply, operand0=scale)   # dS/√d in the matmul dtype
             nisa.nc_matmul(dst=dk_ps, stationary=ds_lo, moving=q_t)      # dKⱼ += dSᵀ Qᵢ / √d
-            dsT = _transpose(nl.ndarray((P, P), dtype=dt, buffer=nl.sbuf), ds_lo, sc)   # keys onto the partitions
-            dq_ps = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.psum)
+            dsT = _transpose(nl.ndarray((PMAX, PMAX), dtype=dt, buffer=nl.sbuf), ds_lo, sc)   # keys onto the partitions
+            dq_ps = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=dq_ps, stationary=dsT, moving=k_t)        # dS Kⱼ / √d  [q, d]
             if not dq_in_hbm:                              # PSUM→SBUF into the on-chip dQᵢ: the first key tile writes
                 if first: nisa.tensor_copy(dst=dq_acc[:, i, :], src=dq_ps)
                 else: nisa.tensor_tensor(dst=dq_acc[:, i, :], data1=dq_acc[:, i, :], data2=dq_ps, op=nl.add)
             else:
-                dq_t = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+                dq_t = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dq_t, src=dq_ps)      # PSUM→SBUF
                 if first:
-                    nisa.dma_copy(dst=dq[q0 : q0 + P, :], src=dq_t)  # SBUF→HBM
+                    nisa.dma_copy(dst=dq[q0 : q0 + PMAX, :], src=dq_t)  # SBUF→HBM
                 else:
                     nisa.dma_compute(
-                        dst=dq[q0 : q0 + P, :], srcs=[dq_t, dq[q0 : q0 + P, :]], reduce_op=nl.add
+                        dst=dq[q0 : q0 + PMAX, :], srcs=[dq_t, dq[q0 : q0 + PMAX, :]], reduce_op=nl.add
                     )  # HBM += SBUF
-        dk_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+        dk_t = nl.ndarray((PMAX, d), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_copy(dst=dk_t, src=dk_ps)              # PSUM→SBUF (cast)
-        nisa.dma_copy(dst=dk[k0:k0 + P, :], src=dk_t)      # SBUF→HBM: dKⱼ
-        dv_t = nl.ndarray((P, d), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dk[k0:k0 + PMAX, :], src=dk_t)      # SBUF→HBM: dKⱼ
+        dv_t = nl.ndarray((PMAX, d), dtype=dt, buffer=nl.sbuf)
         nisa.tensor_copy(dst=dv_t, src=dv_ps)              # PSUM→SBUF (cast)
-        nisa.dma_copy(dst=dv[k0:k0 + P, :], src=dv_t)  # SBUF→HBM: dVⱼ
+        nisa.dma_copy(dst=dv[k0:k0 + PMAX, :], src=dv_t)  # SBUF→HBM: dVⱼ
     if (
         not dq_in_hbm
     ):  # SBUF→HBM: dQ once, all tiles in one DMA (the [T, d] view as [128, T/128, d]), cast to dq's dtype
@@ -281,7 +289,7 @@ def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0, window=None):
     """
     BH, d, T = qT.shape
     assert d in (64, 128), f"flash_bwd_kernel: d_head must be 64 or 128 (one partition tile), got {d}"
-    assert T % P == 0, f"flash_bwd_kernel: T must be a multiple of 128, got {T}"
+    assert T % PMAX == 0, f"flash_bwd_kernel: T must be a multiple of 128, got {T}"
     for name, t, shp in (("kT", kT, (BH, d, T)), ("v", v, (BH, T, d)), ("do", do, (BH, T, d)), ("lse", lse, (BH, T, 1)),
                          ("dsum", dsum, (BH, T, 1))):
         assert tuple(t.shape) == shp, f"flash_bwd_kernel: {name} has shape {t.shape}, expected {shp}"
@@ -415,10 +423,10 @@ def hbm_traffic(BH, T, d, itemsize=2, resident=True) -> dict:
     dO, L, D) and every output written once (fwd: O, L; bwd: dQ, dK, dV). Streaming, the forward reads Q once and, per
     query tile, the keys and values left of the diagonal's end; the backward reads Kᵀ, V once and Qᵀ, dO, L, D per
     (key, query) tile pair on or below the diagonal."""
-    n, s = T // P, itemsize
+    n, s = T // PMAX, itemsize
     pairs = n * (n + 1) // 2
-    fwd = 3 * T * d * s if resident else T * d * s + 2 * P * pairs * d * s
-    bwd = 4 * T * d * s + 2 * T * 4 if resident else 2 * T * d * s + pairs * (2 * P * d * s + 2 * P * 4)
+    fwd = 3 * T * d * s if resident else T * d * s + 2 * PMAX * pairs * d * s
+    bwd = 4 * T * d * s + 2 * T * 4 if resident else 2 * T * d * s + pairs * (2 * PMAX * d * s + 2 * PMAX * 4)
     return dict(
         fwd=dict(read=BH * fwd, written=BH * T * (d * s + 4)), bwd=dict(read=BH * bwd, written=BH * 3 * T * d * s)
     )

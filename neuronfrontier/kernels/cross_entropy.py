@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
@@ -26,19 +26,19 @@ def _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap):
     hT_blk: SBUF [128, KD, nt*128] (hᵀ, d in KD chunks of 128); wT_t: SBUF [128, KD, vt] (Wᵀ tile).
     Returns (zeta, th): the softcapped, padding-masked logits and tanh(z/c) (None without a softcap)."""
     _, KD, vt = wT_t.shape
-    ps = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.psum)
+    ps = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.psum)
     for k in range(KD):   # accumulate the d/128 partial products in one PSUM bank
-        nisa.nc_matmul(dst=ps, stationary=hT_blk[:, k, j * P:(j + 1) * P], moving=wT_t[:, k, :])
-    z = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.nc_matmul(dst=ps, stationary=hT_blk[:, k, j * PMAX:(j + 1) * PMAX], moving=wT_t[:, k, :])
+    z = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
     th = None
     if softcap:
-        th = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
+        th = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=th, op=nl.tanh, data=ps, scale=1.0 / softcap)    # PSUM→SBUF through the Scalar engine
         nisa.tensor_scalar(dst=z, data=th, op0=nl.multiply, operand0=float(softcap))
     else:
         nisa.tensor_copy(dst=z, src=ps)                                       # PSUM→SBUF
     if v0 + vt > vocab_size:   # the tile holding the last real column: columns >= vocab_size become NEG
-        zm = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
+        zm = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
         nisa.affine_select(dst=zm, pattern=[[-1, vt]], offset=vocab_size - 1 - v0, channel_multiplier=0,
                            on_true_tile=z, on_false_value=NEG, cmp_op=nl.greater_equal)
         z = zm
@@ -48,15 +48,15 @@ def _load_w_tile(w, v0, vt):
     """HBM→SBUF: rows v0..v0+vt of W [V, d] as w_t [128 (vocab), vt/128, d], then TensorEngine transposes to
     wT_t [128 (d), d/128, vt] for the logits matmul. Returns (w_t, wT_t)."""
     d = w.shape[1]
-    KD, nc = d // P, vt // P
-    w_t = nl.ndarray((P, nc, d), dtype=w.dtype, buffer=nl.sbuf)
+    KD, nc = d // PMAX, vt // PMAX
+    w_t = nl.ndarray((PMAX, nc, d), dtype=w.dtype, buffer=nl.sbuf)
     for c in range(nc):   # HBM→SBUF: 128 rows of W each, vocabulary on partitions
-        nisa.dma_copy(dst=w_t[:, c, :], src=w[v0 + c * P:v0 + (c + 1) * P, :])
-    wT_t = nl.ndarray((P, KD, vt), dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_t[:, c, :], src=w[v0 + c * PMAX:v0 + (c + 1) * PMAX, :])
+    wT_t = nl.ndarray((PMAX, KD, vt), dtype=w.dtype, buffer=nl.sbuf)
     for k in range(KD):
-        tp = nl.ndarray((P, vt), dtype=w.dtype, buffer=nl.psum)
+        tp = nl.ndarray((PMAX, vt), dtype=w.dtype, buffer=nl.psum)
         for c in range(nc):   # 128x128 pieces: [128 vocab, 128 of d] -> [128 of d, 128 vocab]
-            nisa.nc_transpose(dst=tp[:, c * P:(c + 1) * P], data=w_t[:, c, k * P:(k + 1) * P])
+            nisa.nc_transpose(dst=tp[:, c * PMAX:(c + 1) * PMAX], data=w_t[:, c, k * PMAX:(k + 1) * PMAX])
         nisa.tensor_copy(dst=wT_t[:, k, :], src=tp)                           # PSUM→SBUF
     return w_t, wT_t
 
@@ -65,22 +65,22 @@ def _load_h_block(h, t0, nt, hT_buf, h_buf=None):
     [128 (d), d/128, ≥nt*128]; with h_buf [128 (tokens), ≥nt, d] also the tiles themselves. Returns the views in use,
     (hT_blk, h_blk) (h_blk None without h_buf). The buffers are allocated once per kernel and reused by every block."""
     d = h.shape[1]
-    KD = d // P
-    hT_blk = hT_buf[:, :, :nt * P]
+    KD = d // PMAX
+    hT_blk = hT_buf[:, :, :nt * PMAX]
     h_blk = None if h_buf is None else h_buf[:, :nt, :]
     for j in range(nt):
-        h_t = nl.ndarray((P, d), dtype=h.dtype, buffer=nl.sbuf) if h_blk is None else h_blk[:, j, :]
-        nisa.dma_copy(dst=h_t, src=h[(t0 + j) * P:(t0 + j + 1) * P, :])      # HBM→SBUF: 128 tokens on partitions
+        h_t = nl.ndarray((PMAX, d), dtype=h.dtype, buffer=nl.sbuf) if h_blk is None else h_blk[:, j, :]
+        nisa.dma_copy(dst=h_t, src=h[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :])      # HBM→SBUF: 128 tokens on partitions
         for k in range(KD):
-            tp = nl.ndarray((P, P), dtype=h.dtype, buffer=nl.psum)
-            nisa.nc_transpose(dst=tp, data=h_t[:, k * P:(k + 1) * P])
-            nisa.tensor_copy(dst=hT_blk[:, k, j * P:(j + 1) * P], src=tp)   # PSUM→SBUF
+            tp = nl.ndarray((PMAX, PMAX), dtype=h.dtype, buffer=nl.psum)
+            nisa.nc_transpose(dst=tp, data=h_t[:, k * PMAX:(k + 1) * PMAX])
+            nisa.tensor_copy(dst=hT_blk[:, k, j * PMAX:(j + 1) * PMAX], src=tp)   # PSUM→SBUF
     return hT_blk, h_blk
 
 def _load_columns(dst, src, t0, nt):
     "HBM→SBUF: per-token values src [N, 1] of tiles t0..t0+nt-1 into dst [128, nt] (column j = tile t0+j)."
     for j in range(nt):
-        nisa.dma_copy(dst=dst[:, j:j + 1], src=src[(t0 + j) * P:(t0 + j + 1) * P, :])
+        nisa.dma_copy(dst=dst[:, j:j + 1], src=src[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :])
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #847cb1b6
 @nki.jit
@@ -94,19 +94,20 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
     N, d = h.shape
     V, d2 = w.shape
     assert d == d2, f'h {h.shape} and w {w.shape} must share d'
-    assert d % P == 0, f'd={d} must be a multiple of {P}: the TensorEngine contracts d in {P}-row chunks'
-    assert N % P == 0, f'N={N} must be a multiple of {P} (tokens per tile); the wrapper pads'
-    assert V % P == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {P} and hold vocab_size={vocab_size}'
-    KD, n_tiles = d // P, N // P
+    assert d % PMAX == 0, f'd={d} must be a multiple of {PMAX}: the TensorEngine contracts d in {PMAX}-row chunks'
+    assert N % PMAX == 0, f'N={N} must be a multiple of {PMAX} (tokens per tile); the wrapper pads'
+    assert V % PMAX == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {PMAX} and hold vocab_size={vocab_size}'
+    KD, n_tiles = d // PMAX, N // PMAX
     tiles = _vocab_tiles(V, vocab_size)
     loss = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     bt = min(
         block_tiles, n_tiles
     )  # block buffers, allocated once and reused by every block (the last may use fewer tiles)
-    hT_buf = nl.ndarray((P, KD, bt * P), dtype=h.dtype, buffer=nl.sbuf)
+    hT_buf = nl.ndarray((PMAX, KD, bt * PMAX), dtype=h.dtype, buffer=nl.sbuf)
     col_bufs = [
-        nl.ndarray((P, bt), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
+        nl.ndarray((PMAX, bt), dtype=t, buffer=nl.sbuf)
+        for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
     ]
     for b in core_range(-(-n_tiles // block_tiles), nl.program_id(0), nl.num_programs()):   # this core's token blocks
         t0 = b * block_tiles
@@ -120,45 +121,45 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
         nisa.memset(dst=tgt_logit, value=0.0)
         for v0, vt in tiles:   # static: the vocabulary sweep is unrolled (the last tile may be narrower)
             _, wT_t = _load_w_tile(w, v0, vt)                           # HBM→SBUF: the W tile, once per block
-            cols = nl.ndarray((P, vt), dtype=nl.int32, buffer=nl.sbuf)
+            cols = nl.ndarray((PMAX, vt), dtype=nl.int32, buffer=nl.sbuf)
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)   # vocabulary index of each column
             for j in range(nt):
                 z, _ = _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap)
                 m_old, s_old = run_max[:, j:j + 1], run_sum[:, j:j + 1]
-                tmax = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                tmax = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_reduce(dst=tmax, op=nl.maximum, data=z, axis=1, keepdims=True)
-                m_new = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                m_new = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=m_new, data1=m_old, data2=tmax, op=nl.maximum)
-                neg_m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                neg_m = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=neg_m, data=m_new, op0=nl.multiply, operand0=-1.0)
-                corr = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)      # e^(m - m')
+                corr = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)      # e^(m - m')
                 nisa.activation(dst=corr, op=nl.exp, data=m_old, bias=neg_m)
-                e = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
-                esum = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)      # sum of e^(zeta - m') over the tile
+                e = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
+                esum = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)      # sum of e^(zeta - m') over the tile
                 nisa.activation(dst=e, op=nl.exp, data=z, bias=neg_m, reduce_op=nl.add, reduce_res=esum,
                                 reduce_cmd=nisa.reduce_cmd.reset_reduce)
                 nisa.scalar_tensor_tensor(
                     dst=s_old, data=s_old, op0=nl.multiply, operand0=corr, op1=nl.add, operand1=esum
                 )
                 nisa.tensor_copy(dst=m_old, src=m_new)
-                hit = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)  # one-hot(target) * zeta
+                hit = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)  # one-hot(target) * zeta
                 nisa.scalar_tensor_tensor(
                     dst=hit, data=cols, op0=nl.equal, operand0=tgt[:, j : j + 1], op1=nl.multiply, operand1=z
                 )
-                zt = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                zt = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_reduce(dst=zt, op=nl.add, data=hit, axis=1, keepdims=True)
                 nisa.tensor_tensor(dst=tgt_logit[:, j:j + 1], data1=tgt_logit[:, j:j + 1], data2=zt, op=nl.add)
         for j in range(nt):
-            lse_t = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)        # lse = m + log s
+            lse_t = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)        # lse = m + log s
             nisa.activation(dst=lse_t, op=nl.log, data=run_sum[:, j:j + 1])
             nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=run_max[:, j:j + 1], op=nl.add)
-            valid = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            valid = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=valid, data=tgt[:, j:j + 1], op0=nl.greater_equal, operand0=0.0)
-            nll = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)          # (lse - zeta_y) * [y >= 0]
+            nll = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)          # (lse - zeta_y) * [y >= 0]
             nisa.scalar_tensor_tensor(dst=nll, data=lse_t, op0=nl.subtract, operand0=tgt_logit[:, j:j + 1],
                                       op1=nl.multiply, operand1=valid)
-            nisa.dma_copy(dst=loss[(t0 + j) * P:(t0 + j + 1) * P, :], src=nll)  # SBUF→HBM: 4 bytes per token
-            nisa.dma_copy(dst=lse[(t0 + j) * P:(t0 + j + 1) * P, :], src=lse_t) # SBUF→HBM: 4 bytes per token
+            nisa.dma_copy(dst=loss[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :], src=nll)  # SBUF→HBM: 4 bytes per token
+            nisa.dma_copy(dst=lse[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :], src=lse_t) # SBUF→HBM: 4 bytes per token
     return loss, lse
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #357decf5
@@ -178,10 +179,10 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
     N, d = h.shape
     V, d2 = w.shape
     assert d == d2, f'h {h.shape} and w {w.shape} must share d'
-    assert d % P == 0, f'd={d} must be a multiple of {P}: the TensorEngine contracts d in {P}-row chunks'
-    assert N % P == 0, f'N={N} must be a multiple of {P} (tokens per tile); the wrapper pads'
-    assert V % P == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {P} and hold vocab_size={vocab_size}'
-    KD, n_tiles = d // P, N // P
+    assert d % PMAX == 0, f'd={d} must be a multiple of {PMAX}: the TensorEngine contracts d in {PMAX}-row chunks'
+    assert N % PMAX == 0, f'N={N} must be a multiple of {PMAX} (tokens per tile); the wrapper pads'
+    assert V % PMAX == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {PMAX} and hold vocab_size={vocab_size}'
+    KD, n_tiles = d // PMAX, N // PMAX
     tiles, pieces = _vocab_tiles(V, vocab_size), _d_pieces(d)
     core, cores = nl.program_id(0), nl.num_programs()
     dh = nl.ndarray((N, d), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -191,11 +192,12 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
     bt = min(
         block_tiles, n_tiles
     )  # block buffers, allocated once and reused by every block (the last may use fewer tiles)
-    hT_buf = nl.ndarray((P, KD, bt * P), dtype=h.dtype, buffer=nl.sbuf)
-    h_buf = nl.ndarray((P, bt, d), dtype=h.dtype, buffer=nl.sbuf)
-    dh_buf = nl.ndarray((P, bt, d), dtype=nl.float32, buffer=nl.sbuf)
+    hT_buf = nl.ndarray((PMAX, KD, bt * PMAX), dtype=h.dtype, buffer=nl.sbuf)
+    h_buf = nl.ndarray((PMAX, bt, d), dtype=h.dtype, buffer=nl.sbuf)
+    dh_buf = nl.ndarray((PMAX, bt, d), dtype=nl.float32, buffer=nl.sbuf)
     col_bufs = [
-        nl.ndarray((P, bt), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
+        nl.ndarray((PMAX, bt), dtype=t, buffer=nl.sbuf)
+        for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
     ]
     for b in blocks:
         t0 = b * block_tiles
@@ -210,34 +212,36 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
         dh_acc = dh_buf[:, :nt, :]
         nisa.memset(dst=dh_acc, value=0.0)
         for v0, vt in tiles:
-            nc = vt // P
+            nc = vt // PMAX
             w_t, wT_t = _load_w_tile(w, v0, vt)  # HBM→SBUF: W rows (for dh) and Wᵀ (for the logits)
-            cols = nl.ndarray((P, vt), dtype=nl.int32, buffer=nl.sbuf)
+            cols = nl.ndarray((PMAX, vt), dtype=nl.int32, buffer=nl.sbuf)
             nisa.iota(dst=cols, pattern=[[1, vt]], offset=v0, channel_multiplier=0)
-            dw_acc = nl.ndarray((P, nc, d), dtype=nl.float32, buffer=nl.sbuf)   # this block's share of the dW tile
+            dw_acc = nl.ndarray((PMAX, nc, d), dtype=nl.float32, buffer=nl.sbuf)   # this block's share of the dW tile
             nisa.memset(dst=dw_acc, value=0.0)
             for j in range(nt):   # every token tile adds into dw_acc
                 z, th = _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap)
-                prob = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)     # p = e^(zeta - lse)
+                prob = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)     # p = e^(zeta - lse)
                 nisa.activation(dst=prob, op=nl.exp, data=z, bias=neg_lse[:, j:j + 1])
-                delta = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)    # p - onehot(target)
+                delta = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)    # p - onehot(target)
                 nisa.scalar_tensor_tensor(dst=delta, data=cols, op0=nl.equal, operand0=tgt[:, j:j + 1],
                                           op1=nl.subtract, operand1=prob, reverse1=True)
                 nisa.tensor_scalar(dst=delta, data=delta, op0=nl.multiply, operand0=g_b[:, j:j + 1])   # × g
                 if softcap:   # × (1 - tanh²(z/c)), the softcap's derivative
-                    sq = nl.ndarray((P, vt), dtype=nl.float32, buffer=nl.sbuf)
+                    sq = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=sq, data1=th, data2=th, op=nl.multiply)
                     nisa.scalar_tensor_tensor(dst=delta, data=sq, op0=nl.subtract, operand0=1.0, reverse0=True,
                                               op1=nl.multiply, operand1=delta)
-                dl = nl.ndarray((P, vt), dtype=w.dtype, buffer=nl.sbuf)          # matmul operand dtype
+                dl = nl.ndarray((PMAX, vt), dtype=w.dtype, buffer=nl.sbuf)          # matmul operand dtype
                 nisa.tensor_copy(dst=dl, src=delta)
-                dlT_ps = nl.ndarray((P, nc, P), dtype=w.dtype, buffer=nl.psum)   # δᵀ, vocabulary on partitions
+                dlT_ps = nl.ndarray((PMAX, nc, PMAX), dtype=w.dtype, buffer=nl.psum)   # δᵀ, vocabulary on partitions
                 for c in range(nc):
-                    nisa.nc_transpose(dst=dlT_ps[:, c, :], data=dl[:, c * P:(c + 1) * P])
-                dlT = nl.ndarray((P, nc, P), dtype=w.dtype, buffer=nl.sbuf)
+                    nisa.nc_transpose(dst=dlT_ps[:, c, :], data=dl[:, c * PMAX:(c + 1) * PMAX])
+                dlT = nl.ndarray((PMAX, nc, PMAX), dtype=w.dtype, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dlT, src=dlT_ps)                            # PSUM→SBUF
                 for d0, dn in pieces:
-                    dh_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δ W_tile: contract over vocabulary
+                    dh_ps = nl.ndarray(
+                        (PMAX, dn), dtype=nl.float32, buffer=nl.psum
+                    )  # δ W_tile: contract over vocabulary
                     for c in range(nc):
                         nisa.nc_matmul(dst=dh_ps, stationary=dlT[:, c, :], moving=w_t[:, c, d0:d0 + dn])
                     # PSUM→SBUF: added into the block's dh accumulator
@@ -245,26 +249,28 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
                         dst=dh_acc[:, j, d0 : d0 + dn], data1=dh_acc[:, j, d0 : d0 + dn], data2=dh_ps, op=nl.add
                     )
                     for c in range(nc):
-                        dw_ps = nl.ndarray((P, dn), dtype=nl.float32, buffer=nl.psum)  # δᵀ h: contract over tokens
-                        nisa.nc_matmul(dst=dw_ps, stationary=dl[:, c * P:(c + 1) * P], moving=h_blk[:, j, d0:d0 + dn])
+                        dw_ps = nl.ndarray((PMAX, dn), dtype=nl.float32, buffer=nl.psum)  # δᵀ h: contract over tokens
+                        nisa.nc_matmul(
+                            dst=dw_ps, stationary=dl[:, c * PMAX : (c + 1) * PMAX], moving=h_blk[:, j, d0 : d0 + dn]
+                        )
                         # PSUM→SBUF: added into the block's share of the dW tile
                         nisa.tensor_tensor(
                             dst=dw_acc[:, c, d0 : d0 + dn], data1=dw_acc[:, c, d0 : d0 + dn], data2=dw_ps, op=nl.add
                         )
             for c in range(nc):
-                rows = dw[v0 + c * P:v0 + (c + 1) * P, :]
+                rows = dw[v0 + c * PMAX:v0 + (c + 1) * PMAX, :]
                 if b == blocks[0]:
                     nisa.dma_copy(dst=rows, src=dw_acc[:, c, :])  # SBUF→HBM: the core's first block writes
                 else:  # later ones: HBM += SBUF in the DMA engines
                     nisa.dma_compute(dst=rows, srcs=[dw_acc[:, c, :], rows], reduce_op=nl.add)
         for j in range(nt):   # SBUF→HBM: dh of the block, written once
-            nisa.dma_copy(dst=dh[(t0 + j) * P:(t0 + j + 1) * P, :], src=dh_acc[:, j, :])
+            nisa.dma_copy(dst=dh[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :], src=dh_acc[:, j, :])
     done = tiles[-1][0] + tiles[-1][1] if len(blocks) else 0
     if done < V:   # padding rows past the last real tile (all rows on a core without tokens): dW is zero there
-        zero = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+        zero = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=zero, value=0.0)
-        for r in range((V - done) // P):
-            nisa.dma_copy(dst=dw[done + r * P:done + (r + 1) * P, :], src=zero)   # SBUF→HBM
+        for r in range((V - done) // PMAX):
+            nisa.dma_copy(dst=dw[done + r * PMAX:done + (r + 1) * PMAX, :], src=zero)   # SBUF→HBM
     return dh, dw_all
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f8fadb96
@@ -273,11 +279,14 @@ SBUF_BLOCK_BUDGET = 160 * 1024   # bytes per partition the buffers may take (the
 def _block_tiles(N, d, itemsize, backward=True, lnc=1):
     """128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET,
     and every one of `lnc` logical cores gets a block."""
-    if backward:   # per token tile: hᵀ, h, fp32 dh; fixed: W tile, Wᵀ tile, fp32 dW share, work tiles
-        per_tile, fixed = d * (2 * itemsize + 4), d * (VT // P) * (itemsize + 4) + d // P * VT * itemsize + 16 * VT * 4
+    if backward:  # per token tile: hᵀ, h, fp32 dh; fixed: W tile, Wᵀ tile, fp32 dW share, work tiles
+        per_tile, fixed = (
+            d * (2 * itemsize + 4),
+            d * (VT // PMAX) * (itemsize + 4) + d // PMAX * VT * itemsize + 16 * VT * 4,
+        )
     else:          # per token tile: hᵀ and four running values; fixed: W tile, Wᵀ tile, one h tile, work tiles
-        per_tile, fixed = d * itemsize + 16, 2 * d * (VT // P) * itemsize + d * itemsize + 16 * VT * 4
-    return max(1, min(-(-N // (P * lnc)), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
+        per_tile, fixed = d * itemsize + 16, 2 * d * (VT // PMAX) * itemsize + d * itemsize + 16 * VT * 4
+    return max(1, min(-(-N // (PMAX * lnc)), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
 
 def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, backend="nki-sim"):
     "Raise a ValueError naming the op, the shape and the rule the kernels cannot take; return (N, d, V, vocab_size)."
@@ -288,15 +297,15 @@ def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=No
         raise ValueError(f"{op}: h {tuple(h.shape)} must be [N, d] and w_head {tuple(w_head.shape)} [V_padded, d]")
     (N, d), (V, d2) = h.shape, w_head.shape
     if d != d2: raise ValueError(f"{op}: h {tuple(h.shape)} and w_head {tuple(w_head.shape)} disagree on d")
-    if d % P:
+    if d % PMAX:
         raise ValueError(
-            f"{op}: d={d} (h {tuple(h.shape)}) must be a multiple of {P}: the TensorEngine contracts d in {P}-row "
-            f"chunks"
+            f"{op}: d={d} (h {tuple(h.shape)}) must be a multiple of {PMAX}: the TensorEngine contracts d in "
+            f"{PMAX}-row chunks"
         )
-    if V % P:
+    if V % PMAX:
         raise ValueError(
-            f"{op}: V_padded={V} (w_head {tuple(w_head.shape)}) must be a multiple of {P}: the backward moves the "
-            f"vocabulary tile onto the partitions in {P}-row chunks"
+            f"{op}: V_padded={V} (w_head {tuple(w_head.shape)}) must be a multiple of {PMAX}: the backward moves the "
+            f"vocabulary tile onto the partitions in {PMAX}-row chunks"
         )
     if tuple(targets.shape) != (N,): raise ValueError(f"{op}: targets {tuple(targets.shape)} must be [N]=[{N}]")
     vs = V if vocab_size is None else int(vocab_size)
@@ -313,7 +322,7 @@ def _prepare(h, w_head, targets):
     "Cast to one matmul dtype (`_matmul_dtype`), pad N to a multiple of 128 (targets -1)."
     dt = _matmul_dtype(h)
     N, d = h.shape
-    Np = -(-N // P) * P
+    Np = -(-N // PMAX) * PMAX
     hp = torch.zeros(Np, d, dtype=dt, device=h.device)
     hp[:N] = h.detach()
     tp = torch.full((Np, 1), -1, dtype=torch.int32, device=h.device)
@@ -363,7 +372,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 def hbm_traffic(N, d, V, vocab_size=None, itemsize=4, block_tiles=None, lnc=1) -> dict:
     "HBM bytes {'fwd'|'bwd': {'read', 'written'}} the two kernels move for padded N (a multiple of 128) on lnc cores."
     vs = V if vocab_size is None else vocab_size
-    blocks = lambda bwd: -(-(N // P) // (block_tiles or _block_tiles(N, d, itemsize, bwd, lnc)))
+    blocks = lambda bwd: -(-(N // PMAX) // (block_tiles or _block_tiles(N, d, itemsize, bwd, lnc)))
     Bf, B, Vc, b = blocks(False), blocks(True), min(-(-vs // VT) * VT, V), itemsize
     per_core = [len(core_range(B, c, lnc)) for c in range(lnc)]                  # token blocks of each core
     rmw = sum(max(n - 1, 0) for n in per_core) * Vc * d * 4  # dW read back by dma_compute
@@ -408,7 +417,7 @@ def _register_nki(tnx=None) -> bool:
     @ops.register("cross_entropy", "nki")
     def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
         N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, "nki")
-        Np = -(-N // P) * P
+        Np = -(-N // PMAX) * PMAX
         hp = torch.nn.functional.pad(h.to(_matmul_dtype(h)), (0, 0, 0, Np - N))          # differentiable padding
         tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
         loss, _ = ce_nll(hp, w_head, tp, vs, float(softcap or 0.0),

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 from .swiglu import _isz, _transpose_in
 
@@ -18,20 +18,20 @@ __all__ = ['W_BUDGET', 'BWD_BUDGET', 'NKI_REGISTERED', 'TOL', 'moe_fwd_kernel', 
 W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for one expert's W_g, W_u, W_d
 BWD_BUDGET = 176 * 1024    # backward: SBUF bytes per partition for the weights, their transposes and one block's tiles
 
-def _fwd_sbuf(d, F_, s):  return (2 * (d // P) * F_ + (F_ // P) * d) * s
+def _fwd_sbuf(d, F_, s):  return (2 * (d // PMAX) * F_ + (F_ // PMAX) * d) * s
 def _bwd_sbuf(d, F_, s):  return 2 * _fwd_sbuf(d, F_, s) + 4 * d * s + F_ * (4 * 4 + 5 * s) + 3 * d * 4
 
 def _load_expert(w_gate, w_up, w_down, idx):
     """Kernel helper: expert `idx`'s weights HBM → SBUF through a dynamic select of the stacked weights: W_g, W_u as
     [128 (d within chunk), d/128, F], W_d as [128 (F within chunk), F/128, d]."""
     _, d, F_ = w_gate.shape
-    wg = nl.ndarray((P, d // P, F_), dtype=w_gate.dtype, buffer=nl.sbuf)
-    wu = nl.ndarray((P, d // P, F_), dtype=w_up.dtype, buffer=nl.sbuf)
-    wd = nl.ndarray((P, F_ // P, d), dtype=w_down.dtype, buffer=nl.sbuf)
+    wg = nl.ndarray((PMAX, d // PMAX, F_), dtype=w_gate.dtype, buffer=nl.sbuf)
+    wu = nl.ndarray((PMAX, d // PMAX, F_), dtype=w_up.dtype, buffer=nl.sbuf)
+    wd = nl.ndarray((PMAX, F_ // PMAX, d), dtype=w_down.dtype, buffer=nl.sbuf)
     for w, dst in ((w_gate, wg), (w_up, wu), (w_down, wd)):
         src = w.select(0, idx)                                               # indirect view: expert idx, [rows, cols]
         for k in range(dst.shape[1]):
-            nisa.dma_copy(dst=dst[:, k, :], src=src[k * P:(k + 1) * P, :])   # HBM → SBUF: 128 rows of the expert
+            nisa.dma_copy(dst=dst[:, k, :], src=src[k * PMAX:(k + 1) * PMAX, :])   # HBM → SBUF: 128 rows of the expert
     return wg, wu, wd
 
 def _check_shapes(x, w_gate, w_up, w_down, block_expert):
@@ -42,9 +42,11 @@ def _check_shapes(x, w_gate, w_up, w_down, block_expert):
         f"w_gate, w_up must be [E, {d}, F]; got {w_gate.shape}, {w_up.shape}"
     )
     assert tuple(w_down.shape) == (E, F_, d), f"w_down must be [{E}, {F_}, {d}], got {w_down.shape}"
-    assert R % P == 0 and d % P == 0 and F_ % P == 0, f"rows R={R}, d={d}, F={F_} must be multiples of {P}"
-    assert tuple(block_expert.shape) == (R // P,), f"block_expert must be [{R // P}] (one expert per 128-row block)"
-    return R, d, E, F_, R // P
+    assert R % PMAX == 0 and d % PMAX == 0 and F_ % PMAX == 0, f"rows R={R}, d={d}, F={F_} must be multiples of {PMAX}"
+    assert tuple(block_expert.shape) == (R // PMAX,), (
+        f"block_expert must be [{R // PMAX}] (one expert per 128-row block)"
+    )
+    return R, d, E, F_, R // PMAX
 
 # %% ../../nbs/16_kernel_moe.ipynb #085563bb
 @nki.jit
@@ -55,7 +57,7 @@ def moe_fwd_kernel(x, w_gate, w_up, w_down, block_expert):
     block b is (silu(x_b W_g[e]) ⊙ (x_b W_u[e])) W_d[e] with e = block_expert[b] read at run time; fp32 PSUM
     accumulation. d, F multiples of 128; one expert's weights fit W_BUDGET bytes per partition."""
     R, d, E, F_, nb = _check_shapes(x, w_gate, w_up, w_down, block_expert)
-    KT, FT = d // P, F_ // P
+    KT, FT = d // PMAX, F_ // PMAX
     assert _fwd_sbuf(d, F_, _isz(x)) <= W_BUDGET, (
         f"one expert's weights need {_fwd_sbuf(d, F_, _isz(x))} B/partition > {W_BUDGET}"
     )
@@ -64,29 +66,29 @@ def moe_fwd_kernel(x, w_gate, w_up, w_down, block_expert):
     nisa.dma_copy(dst=table, src=block_expert.reshape((1, nb)))             # HBM → SBUF: the block → expert table
     for b in core_range(nb, nl.program_id(0), nl.num_programs()):           # this core's blocks
         wg, wu, wd = _load_expert(w_gate, w_up, w_down, table[0:1, b:b + 1])
-        x_t = nl.ndarray((P, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_t, src=x[b * P:(b + 1) * P, :])                 # HBM → SBUF: the block's 128 rows
-        xT = nl.ndarray((P, KT, P), dtype=x.dtype, buffer=nl.sbuf)
-        _transpose_in(xT, x_t, P)
-        hT = nl.ndarray((P, FT, P), dtype=x.dtype, buffer=nl.sbuf)           # Hᵀ: F on partitions
+        x_t = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_t, src=x[b * PMAX:(b + 1) * PMAX, :])                 # HBM → SBUF: the block's 128 rows
+        xT = nl.ndarray((PMAX, KT, PMAX), dtype=x.dtype, buffer=nl.sbuf)
+        _transpose_in(xT, x_t, PMAX)
+        hT = nl.ndarray((PMAX, FT, PMAX), dtype=x.dtype, buffer=nl.sbuf)           # Hᵀ: F on partitions
         for f in range(FT):
-            a_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
-            u_ps = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.psum)
+            a_ps = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.psum)
+            u_ps = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.psum)
             for k in range(KT):                                              # Aᵀ, Uᵀ accumulated over d in PSUM
-                nisa.nc_matmul(dst=a_ps, stationary=wg[:, k, f * P:(f + 1) * P], moving=xT[:, k, :])
-                nisa.nc_matmul(dst=u_ps, stationary=wu[:, k, f * P:(f + 1) * P], moving=xT[:, k, :])
-            s = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.nc_matmul(dst=a_ps, stationary=wg[:, k, f * PMAX:(f + 1) * PMAX], moving=xT[:, k, :])
+                nisa.nc_matmul(dst=u_ps, stationary=wu[:, k, f * PMAX:(f + 1) * PMAX], moving=xT[:, k, :])
+            s = nl.ndarray((PMAX, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=s, op=nl.silu, data=a_ps)                    # PSUM → SBUF: silu(Aᵀ)
             nisa.tensor_tensor(dst=hT[:, f, :], data1=s, data2=u_ps, op=nl.multiply)   # PSUM → SBUF: · Uᵀ
-        y_t = nl.ndarray((P, d), dtype=x.dtype, buffer=nl.sbuf)
+        y_t = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
         for j in range((d + FMAX - 1) // FMAX):
             c0 = j * FMAX
             cw = min(FMAX, d - c0)
-            y_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+            y_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
             for f in range(FT):                                              # Y = H W_d, accumulated over F
                 nisa.nc_matmul(dst=y_ps, stationary=hT[:, f, :], moving=wd[:, f, c0:c0 + cw])
             nisa.tensor_copy(dst=y_t[:, c0:c0 + cw], src=y_ps)               # PSUM → SBUF
-        nisa.dma_copy(dst=y[b * P:(b + 1) * P, :], src=y_t)                 # SBUF → HBM: the block's output, once
+        nisa.dma_copy(dst=y[b * PMAX:(b + 1) * PMAX, :], src=y_t)                 # SBUF → HBM: the block's output, once
     return y
 
 # %% ../../nbs/16_kernel_moe.ipynb #6809b402
@@ -99,7 +101,7 @@ def moe_bwd_kernel(x, w_gate, w_up, w_down, block_expert, dy):
     partition."""
     R, d, E, F_, nb = _check_shapes(x, w_gate, w_up, w_down, block_expert)
     assert tuple(dy.shape) == (R, d), f"dy must be [{R}, {d}], got {tuple(dy.shape)}"
-    KT, FT = d // P, F_ // P
+    KT, FT = d // PMAX, F_ // PMAX
     assert _bwd_sbuf(d, F_, _isz(x)) <= BWD_BUDGET, (
         f"the backward needs {_bwd_sbuf(d, F_, _isz(x))} B/partition > {BWD_BUDGET}"
     )
@@ -108,13 +110,13 @@ def moe_bwd_kernel(x, w_gate, w_up, w_down, block_expert, dy):
     dwg = nl.ndarray((cores, E, d, F_), dtype=nl.float32, buffer=nl.shared_hbm)
     dwu = nl.ndarray((cores, E, d, F_), dtype=nl.float32, buffer=nl.shared_hbm)
     dwd = nl.ndarray((cores, E, F_, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    zero = nl.ndarray((P, max(d, F_)), dtype=nl.float32, buffer=nl.sbuf)
+    zero = nl.ndarray((PMAX, max(d, F_)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zero, value=0.0)
     for e in range(E):                                                       # this core's gradient copy starts at 0
         for dw in (dwg, dwu, dwd):
             rows, cols = dw.shape[2], dw.shape[3]
-            for k in range(rows // P):
-                nisa.dma_copy(dst=dw[core, e, k * P:(k + 1) * P, :], src=zero[:, :cols])   # SBUF → HBM
+            for k in range(rows // PMAX):
+                nisa.dma_copy(dst=dw[core, e, k * PMAX:(k + 1) * PMAX, :], src=zero[:, :cols])   # SBUF → HBM
     table = nl.ndarray((1, nb), dtype=nl.int32, buffer=nl.sbuf)
     nisa.dma_copy(dst=table, src=block_expert.reshape((1, nb)))             # HBM → SBUF: the block → expert table
     nd = (d + FMAX - 1) // FMAX
@@ -122,73 +124,73 @@ def moe_bwd_kernel(x, w_gate, w_up, w_down, block_expert, dy):
     for b in core_range(nb, core, cores):
         idx = table[0:1, b:b + 1]
         wg, wu, wd = _load_expert(w_gate, w_up, w_down, idx)
-        wgT = nl.ndarray((P, FT, d), dtype=w_gate.dtype, buffer=nl.sbuf)    # W_g[e]ᵀ, W_u[e]ᵀ: F on partitions
-        wuT = nl.ndarray((P, FT, d), dtype=w_up.dtype, buffer=nl.sbuf)
+        wgT = nl.ndarray((PMAX, FT, d), dtype=w_gate.dtype, buffer=nl.sbuf)    # W_g[e]ᵀ, W_u[e]ᵀ: F on partitions
+        wuT = nl.ndarray((PMAX, FT, d), dtype=w_up.dtype, buffer=nl.sbuf)
         for k in range(KT):
-            _transpose_in(wgT[:, :, k * P:(k + 1) * P], wg[:, k, :], P)
-            _transpose_in(wuT[:, :, k * P:(k + 1) * P], wu[:, k, :], P)
-        wdT = nl.ndarray((P, KT, F_), dtype=w_down.dtype, buffer=nl.sbuf)   # W_d[e]ᵀ: d on partitions
+            _transpose_in(wgT[:, :, k * PMAX:(k + 1) * PMAX], wg[:, k, :], PMAX)
+            _transpose_in(wuT[:, :, k * PMAX:(k + 1) * PMAX], wu[:, k, :], PMAX)
+        wdT = nl.ndarray((PMAX, KT, F_), dtype=w_down.dtype, buffer=nl.sbuf)   # W_d[e]ᵀ: d on partitions
         for f in range(FT):
-            _transpose_in(wdT[:, :, f * P:(f + 1) * P], wd[:, f, :], P)
-        x_t = nl.ndarray((P, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_t, src=x[b * P:(b + 1) * P, :])                 # HBM → SBUF: the block's rows
-        dy_t = nl.ndarray((P, d), dtype=dy.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=dy_t, src=dy[b * P:(b + 1) * P, :])               # HBM → SBUF: their output gradient
-        xT = nl.ndarray((P, KT, P), dtype=x.dtype, buffer=nl.sbuf)
-        _transpose_in(xT, x_t, P)
-        dyT = nl.ndarray((P, KT, P), dtype=dy.dtype, buffer=nl.sbuf)
-        _transpose_in(dyT, dy_t, P)
-        h = nl.ndarray((P, F_), dtype=x.dtype, buffer=nl.sbuf)               # rows on partitions
-        da = nl.ndarray((P, F_), dtype=x.dtype, buffer=nl.sbuf)
-        du = nl.ndarray((P, F_), dtype=x.dtype, buffer=nl.sbuf)
+            _transpose_in(wdT[:, :, f * PMAX:(f + 1) * PMAX], wd[:, f, :], PMAX)
+        x_t = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_t, src=x[b * PMAX:(b + 1) * PMAX, :])                 # HBM → SBUF: the block's rows
+        dy_t = nl.ndarray((PMAX, d), dtype=dy.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dy_t, src=dy[b * PMAX:(b + 1) * PMAX, :])               # HBM → SBUF: their output gradient
+        xT = nl.ndarray((PMAX, KT, PMAX), dtype=x.dtype, buffer=nl.sbuf)
+        _transpose_in(xT, x_t, PMAX)
+        dyT = nl.ndarray((PMAX, KT, PMAX), dtype=dy.dtype, buffer=nl.sbuf)
+        _transpose_in(dyT, dy_t, PMAX)
+        h = nl.ndarray((PMAX, F_), dtype=x.dtype, buffer=nl.sbuf)               # rows on partitions
+        da = nl.ndarray((PMAX, F_), dtype=x.dtype, buffer=nl.sbuf)
+        du = nl.ndarray((PMAX, F_), dtype=x.dtype, buffer=nl.sbuf)
         for j in range(nf):
             c0 = j * FMAX
             cw = min(FMAX, F_ - c0)
-            a_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-            u_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-            g_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+            a_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
+            u_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
+            g_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
             for k in range(KT):                                              # recompute A, U; ∂H = Δ W_dᵀ (over d)
                 nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, :], moving=wg[:, k, c0:c0 + cw])
                 nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, :], moving=wu[:, k, c0:c0 + cw])
                 nisa.nc_matmul(dst=g_ps, stationary=dyT[:, k, :], moving=wdT[:, k, c0:c0 + cw])
-            sa = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            sa = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=sa, op=nl.silu, data=a_ps)                   # PSUM → SBUF: silu(A)
-            dsa = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            dsa = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=dsa, op=nl.silu_dx, data=a_ps)               # PSUM → SBUF: silu'(A)
-            gh = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            gh = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_copy(dst=gh, src=g_ps)                               # PSUM → SBUF: ∂H
             nisa.tensor_tensor(dst=h[:, c0:c0 + cw], data1=sa, data2=u_ps, op=nl.multiply)     # H = silu(A) ⊙ U
             nisa.tensor_tensor(dst=du[:, c0:c0 + cw], data1=gh, data2=sa, op=nl.multiply)      # δ_u = ∂H ⊙ silu(A)
-            t = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+            t = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=t, data1=gh, data2=u_ps, op=nl.multiply)                    # ∂H ⊙ U
             nisa.tensor_tensor(dst=da[:, c0:c0 + cw], data1=t, data2=dsa, op=nl.multiply)      # δ_a
-        daT = nl.ndarray((P, FT, P), dtype=x.dtype, buffer=nl.sbuf)
-        _transpose_in(daT, da, P)
-        duT = nl.ndarray((P, FT, P), dtype=x.dtype, buffer=nl.sbuf)
-        _transpose_in(duT, du, P)
-        dx_t = nl.ndarray((P, d), dtype=x.dtype, buffer=nl.sbuf)
+        daT = nl.ndarray((PMAX, FT, PMAX), dtype=x.dtype, buffer=nl.sbuf)
+        _transpose_in(daT, da, PMAX)
+        duT = nl.ndarray((PMAX, FT, PMAX), dtype=x.dtype, buffer=nl.sbuf)
+        _transpose_in(duT, du, PMAX)
+        dx_t = nl.ndarray((PMAX, d), dtype=x.dtype, buffer=nl.sbuf)
         for j in range(nd):  # ∂X = δ_a W_gᵀ + δ_u W_uᵀ (over F)
             c0 = j * FMAX
             cw = min(FMAX, d - c0)
-            dx_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+            dx_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
             for f in range(FT):
                 nisa.nc_matmul(dst=dx_ps, stationary=daT[:, f, :], moving=wgT[:, f, c0:c0 + cw])
                 nisa.nc_matmul(dst=dx_ps, stationary=duT[:, f, :], moving=wuT[:, f, c0:c0 + cw])
             nisa.tensor_copy(dst=dx_t[:, c0:c0 + cw], src=dx_ps)             # PSUM → SBUF
-        nisa.dma_copy(dst=dx[b * P:(b + 1) * P, :], src=dx_t)               # SBUF → HBM: ∂X_b, once
+        nisa.dma_copy(dst=dx[b * PMAX:(b + 1) * PMAX, :], src=dx_t)               # SBUF → HBM: ∂X_b, once
         # weight gradients: contractions over the block's 128 rows, added into this core's copy at expert idx
         for lhs, rhs, dw in ((x_t, da, dwg), (x_t, du, dwu), (h, dy_t, dwd)):
             dst_e = dw[core].select(0, idx)                                  # indirect view: [rows, cols] of expert idx
             rows, cols = dst_e.shape
-            for k in range(rows // P):
-                g_sb = nl.ndarray((P, cols), dtype=nl.float32, buffer=nl.sbuf)
+            for k in range(rows // PMAX):
+                g_sb = nl.ndarray((PMAX, cols), dtype=nl.float32, buffer=nl.sbuf)
                 for j in range((cols + FMAX - 1) // FMAX):
                     c0 = j * FMAX
                     cw = min(FMAX, cols - c0)
-                    w_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
-                    nisa.nc_matmul(dst=w_ps, stationary=lhs[:, k * P:(k + 1) * P], moving=rhs[:, c0:c0 + cw])
+                    w_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
+                    nisa.nc_matmul(dst=w_ps, stationary=lhs[:, k * PMAX:(k + 1) * PMAX], moving=rhs[:, c0:c0 + cw])
                     nisa.tensor_copy(dst=g_sb[:, c0:c0 + cw], src=w_ps)      # PSUM → SBUF
-                rows_k = dst_e[k * P:(k + 1) * P, :]
+                rows_k = dst_e[k * PMAX:(k + 1) * PMAX, :]
                 nisa.dma_compute(dst=rows_k, srcs=[g_sb, rows_k], reduce_op=nl.add)   # HBM read-add-write by the DMA
     return dx, dwg, dwu, dwd
 
@@ -196,9 +198,9 @@ def moe_bwd_kernel(x, w_gate, w_up, w_down, block_expert, dy):
 def check_args(x, w_gate, w_up, w_down, block_expert, backend="nki-sim"):
     "Raise a ValueError naming the op, the shapes and the rule if `moe_mlp(...)` breaks a rule of the kernels."
     where = f"ops.moe_mlp ({backend})"
-    if x.dim() != 2 or x.shape[0] == 0 or x.shape[0] % P:
+    if x.dim() != 2 or x.shape[0] == 0 or x.shape[0] % PMAX:
         raise ValueError(
-            f"{where}: x of shape {tuple(x.shape)} must be [R, d] with R a positive multiple of {P} (whole blocks)"
+            f"{where}: x of shape {tuple(x.shape)} must be [R, d] with R a positive multiple of {PMAX} (whole blocks)"
         )
     R, d = x.shape
     if w_gate.dim() != 3 or w_gate.shape[1] != d or tuple(w_up.shape) != tuple(w_gate.shape):
@@ -206,11 +208,11 @@ def check_args(x, w_gate, w_up, w_down, block_expert, backend="nki-sim"):
     E, _, F_ = w_gate.shape
     if tuple(w_down.shape) != (E, F_, d):
         raise ValueError(f"{where}: w_down {tuple(w_down.shape)} must be [{E}, {F_}, {d}]")
-    if d % P or F_ % P:
-        raise ValueError(f"{where}: d={d} and F={F_} must be multiples of {P} (the partition / contraction tile)")
-    if tuple(block_expert.shape) != (R // P,) or block_expert.is_floating_point():
+    if d % PMAX or F_ % PMAX:
+        raise ValueError(f"{where}: d={d} and F={F_} must be multiples of {PMAX} (the partition / contraction tile)")
+    if tuple(block_expert.shape) != (R // PMAX,) or block_expert.is_floating_point():
         raise ValueError(
-            f"{where}: block_expert {tuple(block_expert.shape)} {block_expert.dtype} must be [{R // P}] integers"
+            f"{where}: block_expert {tuple(block_expert.shape)} {block_expert.dtype} must be [{R // PMAX}] integers"
         )
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"{where}: dtype {x.dtype}: the kernels take fp32 or bf16")
@@ -285,7 +287,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 
 def hbm_traffic(n_blocks, E, d, F_, itemsize=2, lnc=1) -> dict:
     "HBM bytes {'fwd'|'bwd': {'compulsory', 'kernel'}} of one call on n_blocks 128-row blocks of E experts (model)."
-    s, R, W = itemsize, n_blocks * P, 3 * d * F_
+    s, R, W = itemsize, n_blocks * PMAX, 3 * d * F_
     table = 4 * n_blocks
     return dict(
         fwd=dict(compulsory=2 * R * d * s + E * W * s, kernel=2 * R * d * s + n_blocks * W * s + lnc * table),

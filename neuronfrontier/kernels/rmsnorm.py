@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
@@ -20,13 +20,13 @@ def _w_broadcast(w, d):
     "Kernel helper: w [1, d] in HBM → w_bc [128, d] fp32 in SBUF (TensorE broadcast, 512 columns at a time)."
     w_row = nl.ndarray((1, d), dtype=w.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_row, src=w)                                      # HBM → SBUF: the gain, once
-    ones = nl.ndarray((1, P), dtype=w.dtype, buffer=nl.sbuf)
+    ones = nl.ndarray((1, PMAX), dtype=w.dtype, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
-    w_bc = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+    w_bc = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)
     for j in range((d + FMAX - 1) // FMAX):
         c0 = j * FMAX
         cw = min(FMAX, d - c0)
-        bc = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+        bc = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=bc, stationary=ones, moving=w_row[:, c0:c0 + cw])   # onesᵀ[128,1] @ w[1,cw]
         nisa.tensor_copy(dst=w_bc[:, c0:c0 + cw], src=bc)                      # PSUM → SBUF
     return w_bc
@@ -43,9 +43,9 @@ def rmsnorm_fwd_kernel(x, w, eps):
     y = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_bc = _w_broadcast(w, d)
-    for i in core_range((N + P - 1) // P, nl.program_id(0), nl.num_programs()):  # this core's row tiles
-        r0 = i * P
-        p = min(P, N - r0)
+    for i in core_range((N + PMAX - 1) // PMAX, nl.program_id(0), nl.num_programs()):  # this core's row tiles
+        r0 = i * PMAX
+        p = min(PMAX, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                        # HBM → SBUF: 128 rows of x
         sq = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)         # x² itself is not needed, only its sum
@@ -80,14 +80,14 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
     core, cores = nl.program_id(0), nl.num_programs()
     dw = nl.ndarray((cores, d), dtype=nl.float32, buffer=nl.shared_hbm)
     w_bc = _w_broadcast(w, d)
-    ones = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    ones = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones, value=1.0)
     # dweight accumulators: [1, ≤512] fp32 per chunk, accumulated over all row tiles by the TensorEngine
     dw_ps = [nl.ndarray((1, min(FMAX, d - j * FMAX)), dtype=nl.float32, buffer=nl.psum) for j in range(n_chunks)]
-    tiles = core_range((N + P - 1) // P, core, cores)                      # this core's row tiles
+    tiles = core_range((N + PMAX - 1) // PMAX, core, cores)                      # this core's row tiles
     for i in tiles:
-        r0 = i * P
-        p = min(P, N - r0)
+        r0 = i * PMAX
+        p = min(PMAX, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                        # HBM → SBUF: x rows
         g_t = nl.ndarray((p, d), dtype=g.dtype, buffer=nl.sbuf)

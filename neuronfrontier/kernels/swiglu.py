@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX as P, FMAX, core_range, logical_cores
+from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
@@ -25,8 +25,8 @@ def _isz(t):
 def _transpose_in(dst, src, n):
     "Kernel helper: dst[:, k, :n] = src[:n, k*128:(k+1)*128]ᵀ for every 128-column chunk k (TensorE, via PSUM)."
     for k in range(dst.shape[1]):
-        tp = nl.ndarray((P, n), dtype=src.dtype, buffer=nl.psum)
-        nisa.nc_transpose(dst=tp, data=src[:n, k * P:(k + 1) * P])          # SBUF → PSUM, transposed
+        tp = nl.ndarray((PMAX, n), dtype=src.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=tp, data=src[:n, k * PMAX:(k + 1) * PMAX])          # SBUF → PSUM, transposed
         nisa.tensor_copy(dst=dst[:, k, :n], src=tp)                          # PSUM → SBUF
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #c6cfb963
@@ -39,24 +39,24 @@ def swiglu_fwd_kernel(x, w_gate, w_up):
     N, d = x.shape
     F = w_gate.shape[0]
     assert tuple(w_gate.shape) == (F, d) and tuple(w_up.shape) == (F, d), "w_gate and w_up must both be [F, d]"
-    assert d % P == 0 and F % P == 0, f"d={d} and F={F} must be multiples of {P}"
-    KT = d // P
+    assert d % PMAX == 0 and F % PMAX == 0, f"d={d} and F={F} must be multiples of {PMAX}"
+    KT = d // PMAX
     assert 2 * KT * F * _isz(x) <= W_BUDGET, f"resident W_gᵀ, W_uᵀ need {2 * KT * F * _isz(x)} B/partition > {W_BUDGET}"
     h = nl.ndarray((N, F), dtype=x.dtype, buffer=nl.shared_hbm)
     # W_gᵀ, W_uᵀ: [128 (d within chunk), d/128 chunks, F], loaded once and kept for every token tile
-    wgT = nl.ndarray((P, KT, F), dtype=w_gate.dtype, buffer=nl.sbuf)
-    wuT = nl.ndarray((P, KT, F), dtype=w_up.dtype, buffer=nl.sbuf)
+    wgT = nl.ndarray((PMAX, KT, F), dtype=w_gate.dtype, buffer=nl.sbuf)
+    wuT = nl.ndarray((PMAX, KT, F), dtype=w_up.dtype, buffer=nl.sbuf)
     for w, wT in ((w_gate, wgT), (w_up, wuT)):
-        for f in range(F // P):
-            w_t = nl.ndarray((P, d), dtype=w.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=w_t, src=w[f * P:(f + 1) * P, :])             # HBM → SBUF: 128 weight rows, once
-            _transpose_in(wT[:, :, f * P:(f + 1) * P], w_t, P)
-    for i in core_range((N + P - 1) // P, nl.program_id(0), nl.num_programs()):  # this core's token tiles
-        r0 = i * P
-        p = min(P, N - r0)
+        for f in range(F // PMAX):
+            w_t = nl.ndarray((PMAX, d), dtype=w.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=w_t, src=w[f * PMAX:(f + 1) * PMAX, :])             # HBM → SBUF: 128 weight rows, once
+            _transpose_in(wT[:, :, f * PMAX:(f + 1) * PMAX], w_t, PMAX)
+    for i in core_range((N + PMAX - 1) // PMAX, nl.program_id(0), nl.num_programs()):  # this core's token tiles
+        r0 = i * PMAX
+        p = min(PMAX, N - r0)
         x_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_t, src=x[r0:r0 + p, :])                         # HBM → SBUF: 128 tokens
-        xT = nl.ndarray((P, KT, p), dtype=x.dtype, buffer=nl.sbuf)
+        xT = nl.ndarray((PMAX, KT, p), dtype=x.dtype, buffer=nl.sbuf)
         _transpose_in(xT, x_t, p)
         h_t = nl.ndarray((p, F), dtype=x.dtype, buffer=nl.sbuf)
         for j in range((F + FMAX - 1) // FMAX):
@@ -85,10 +85,10 @@ def swiglu_bwd_kernel(x, w_gate, w_up, dh):
     F = w_gate.shape[0]
     assert tuple(w_gate.shape) == (F, d) and tuple(w_up.shape) == (F, d), "w_gate and w_up must both be [F, d]"
     assert tuple(dh.shape) == (N, F), f"dh must be [{N}, {F}], got {tuple(dh.shape)}"
-    assert d % P == 0 and F % P == 0, f"d={d} and F={F} must be multiples of {P}"
+    assert d % PMAX == 0 and F % PMAX == 0, f"d={d} and F={F} must be multiples of {PMAX}"
     core, cores = nl.program_id(0), nl.num_programs()
-    tiles = list(core_range((N + P - 1) // P, core, cores))                 # this core's token tiles
-    KT, nt = d // P, max(1, len(tiles))
+    tiles = list(core_range((N + PMAX - 1) // PMAX, core, cores))                 # this core's token tiles
+    KT, nt = d // PMAX, max(1, len(tiles))
     assert nt * d * (2 * _isz(x) + 4) <= RES_BUDGET, (
         f"{nt} token tiles at d={d}: resident x, xᵀ, dx exceed {RES_BUDGET} B/partition"
     )
@@ -96,54 +96,56 @@ def swiglu_bwd_kernel(x, w_gate, w_up, dh):
     dwg = nl.ndarray((cores, F, d), dtype=nl.float32, buffer=nl.shared_hbm)
     dwu = nl.ndarray((cores, F, d), dtype=nl.float32, buffer=nl.shared_hbm)
     # resident for the whole call: this core's x by token tiles, xᵀ (d on partitions), fp32 accumulator of dx
-    x_nat = nl.ndarray((P, nt, d), dtype=x.dtype, buffer=nl.sbuf)
-    xT = nl.ndarray((P, KT, nt * P), dtype=x.dtype, buffer=nl.sbuf)
-    dx_acc = nl.ndarray((P, nt, d), dtype=nl.float32, buffer=nl.sbuf)
+    x_nat = nl.ndarray((PMAX, nt, d), dtype=x.dtype, buffer=nl.sbuf)
+    xT = nl.ndarray((PMAX, KT, nt * PMAX), dtype=x.dtype, buffer=nl.sbuf)
+    dx_acc = nl.ndarray((PMAX, nt, d), dtype=nl.float32, buffer=nl.sbuf)
     for li, i in enumerate(tiles):  # li: local tile index on this core
-        r0 = i * P
-        p = min(P, N - r0)
+        r0 = i * PMAX
+        p = min(PMAX, N - r0)
         nisa.dma_copy(dst=x_nat[:p, li, :], src=x[r0:r0 + p, :])           # HBM → SBUF: x, once
-        _transpose_in(xT[:, :, li * P:li * P + p], x_nat[:, li, :], p)
+        _transpose_in(xT[:, :, li * PMAX:li * PMAX + p], x_nat[:, li, :], p)
         nisa.memset(dst=dx_acc[:p, li, :], value=0.0)
     nd = (d + FMAX - 1) // FMAX
-    for f in range(F // P):
-        f0 = f * P
+    for f in range(F // PMAX):
+        f0 = f * PMAX
         if not tiles:                                                        # no tokens on this core: zero dW rows
-            zero = nl.ndarray((P, d), dtype=nl.float32, buffer=nl.sbuf)
+            zero = nl.ndarray((PMAX, d), dtype=nl.float32, buffer=nl.sbuf)
             nisa.memset(dst=zero, value=0.0)
-            for dw in (dwg, dwu): nisa.dma_copy(dst=dw[core, f0:f0 + P, :], src=zero)   # SBUF → HBM
+            for dw in (dwg, dwu): nisa.dma_copy(dst=dw[core, f0:f0 + PMAX, :], src=zero)   # SBUF → HBM
             continue
-        wg_t = nl.ndarray((P, d), dtype=w_gate.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=wg_t, src=w_gate[f0:f0 + P, :])                   # HBM → SBUF: 128 rows of W_g, once
-        wu_t = nl.ndarray((P, d), dtype=w_up.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=wu_t, src=w_up[f0:f0 + P, :])                     # HBM → SBUF: 128 rows of W_u, once
-        wgT = nl.ndarray((P, KT, P), dtype=w_gate.dtype, buffer=nl.sbuf)
-        _transpose_in(wgT, wg_t, P)
-        wuT = nl.ndarray((P, KT, P), dtype=w_up.dtype, buffer=nl.sbuf)
-        _transpose_in(wuT, wu_t, P)
-        da_all = nl.ndarray((P, nt, P), dtype=x.dtype, buffer=nl.sbuf)  # δ_a, δ_u of this F-block, this core's tokens
-        du_all = nl.ndarray((P, nt, P), dtype=x.dtype, buffer=nl.sbuf)
+        wg_t = nl.ndarray((PMAX, d), dtype=w_gate.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=wg_t, src=w_gate[f0:f0 + PMAX, :])                   # HBM → SBUF: 128 rows of W_g, once
+        wu_t = nl.ndarray((PMAX, d), dtype=w_up.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=wu_t, src=w_up[f0:f0 + PMAX, :])                     # HBM → SBUF: 128 rows of W_u, once
+        wgT = nl.ndarray((PMAX, KT, PMAX), dtype=w_gate.dtype, buffer=nl.sbuf)
+        _transpose_in(wgT, wg_t, PMAX)
+        wuT = nl.ndarray((PMAX, KT, PMAX), dtype=w_up.dtype, buffer=nl.sbuf)
+        _transpose_in(wuT, wu_t, PMAX)
+        da_all = nl.ndarray(
+            (PMAX, nt, PMAX), dtype=x.dtype, buffer=nl.sbuf
+        )  # δ_a, δ_u of this F-block, this core's tokens
+        du_all = nl.ndarray((PMAX, nt, PMAX), dtype=x.dtype, buffer=nl.sbuf)
         for li, i in enumerate(tiles):
-            r0 = i * P
-            p = min(P, N - r0)
-            dh_t = nl.ndarray((p, P), dtype=dh.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=dh_t, src=dh[r0:r0 + p, f0:f0 + P])           # HBM → SBUF: δ block, once
-            a_ps = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.psum)
-            u_ps = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.psum)
+            r0 = i * PMAX
+            p = min(PMAX, N - r0)
+            dh_t = nl.ndarray((p, PMAX), dtype=dh.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=dh_t, src=dh[r0:r0 + p, f0:f0 + PMAX])           # HBM → SBUF: δ block, once
+            a_ps = nl.ndarray((p, PMAX), dtype=nl.float32, buffer=nl.psum)
+            u_ps = nl.ndarray((p, PMAX), dtype=nl.float32, buffer=nl.psum)
             for k in range(KT):                                              # recompute a, u (contract over d)
-                nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, li * P:li * P + p], moving=wgT[:, k, :])
-                nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, li * P:li * P + p], moving=wuT[:, k, :])
-            sa = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.nc_matmul(dst=a_ps, stationary=xT[:, k, li * PMAX:li * PMAX + p], moving=wgT[:, k, :])
+                nisa.nc_matmul(dst=u_ps, stationary=xT[:, k, li * PMAX:li * PMAX + p], moving=wuT[:, k, :])
+            sa = nl.ndarray((p, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=sa, op=nl.silu, data=a_ps)                   # PSUM → SBUF: silu(a)
-            dsa = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
+            dsa = nl.ndarray((p, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=dsa, op=nl.silu_dx, data=a_ps)               # PSUM → SBUF: silu'(a)
             nisa.tensor_tensor(dst=du_all[:p, li, :], data1=dh_t, data2=sa, op=nl.multiply)     # δ_u = δ ⊙ silu(a)
-            t = nl.ndarray((p, P), dtype=nl.float32, buffer=nl.sbuf)
+            t = nl.ndarray((p, PMAX), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=t, data1=dh_t, data2=u_ps, op=nl.multiply)                  # PSUM → SBUF: δ ⊙ u
             nisa.tensor_tensor(dst=da_all[:p, li, :], data1=t, data2=dsa, op=nl.multiply)      # δ_a
-            daT = nl.ndarray((P, 1, p), dtype=x.dtype, buffer=nl.sbuf)
+            daT = nl.ndarray((PMAX, 1, p), dtype=x.dtype, buffer=nl.sbuf)
             _transpose_in(daT, da_all[:, li, :], p)
-            duT = nl.ndarray((P, 1, p), dtype=x.dtype, buffer=nl.sbuf)
+            duT = nl.ndarray((PMAX, 1, p), dtype=x.dtype, buffer=nl.sbuf)
             _transpose_in(duT, du_all[:, li, :], p)
             for j in range(nd):  # dx[i] += δ_a W_g[f] + δ_u W_u[f]
                 c0 = j * FMAX
@@ -157,16 +159,16 @@ def swiglu_bwd_kernel(x, w_gate, w_up, dh):
             c0 = j * FMAX
             cw = min(FMAX, d - c0)
             for dall, dw in ((da_all, dwg), (du_all, dwu)):
-                dw_ps = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.psum)
+                dw_ps = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.psum)
                 for li, i in enumerate(tiles):                               # accumulate over token tiles in PSUM
-                    p = min(P, N - i * P)
+                    p = min(PMAX, N - i * PMAX)
                     nisa.nc_matmul(dst=dw_ps, stationary=dall[:p, li, :], moving=x_nat[:p, li, c0:c0 + cw])
-                dw_sb = nl.ndarray((P, cw), dtype=nl.float32, buffer=nl.sbuf)
+                dw_sb = nl.ndarray((PMAX, cw), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_copy(dst=dw_sb, src=dw_ps)                       # PSUM → SBUF
-                nisa.dma_copy(dst=dw[core, f0:f0 + P, c0:c0 + cw], src=dw_sb)   # SBUF → HBM: dW block, once
+                nisa.dma_copy(dst=dw[core, f0:f0 + PMAX, c0:c0 + cw], src=dw_sb)   # SBUF → HBM: dW block, once
     for li, i in enumerate(tiles):
-        r0 = i * P
-        p = min(P, N - r0)
+        r0 = i * PMAX
+        p = min(PMAX, N - r0)
         dx_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=dx_t, src=dx_acc[:p, li, :])                   # fp32 → x's dtype
         nisa.dma_copy(dst=dx[r0:r0 + p, :], src=dx_t)                       # SBUF → HBM: dx, once
@@ -186,9 +188,9 @@ def check_args(x, w_gate, w_up, backend="nki-sim"):
             f"for x of shape {tuple(x.shape)}"
         )
     F_ = w_gate.shape[0]
-    if d % P or F_ % P:
+    if d % PMAX or F_ % PMAX:
         raise ValueError(f"{where}: x {tuple(x.shape)}, weights {tuple(w_gate.shape)}: d={d} and d_mlp={F_} must be "
-                         f"multiples of {P} (the partition / contraction tile)")
+                         f"multiples of {PMAX} (the partition / contraction tile)")
     if x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"{where}: dtype {x.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16")
     if d * (2 * x.element_size() + 4) > RES_BUDGET:
@@ -197,12 +199,12 @@ def check_args(x, w_gate, w_up, backend="nki-sim"):
 
 def fwd_block(d: int, F_: int, itemsize: int) -> int:
     "Columns of F per forward call: the most (a multiple of 128) whose W_gᵀ, W_uᵀ fit W_BUDGET."
-    return min(F_, (W_BUDGET // (2 * (d // P) * itemsize)) // P * P)
+    return min(F_, (W_BUDGET // (2 * (d // PMAX) * itemsize)) // PMAX * PMAX)
 
 def bwd_chunk(d: int, itemsize: int, lnc: int = 1) -> int:
     """Tokens per backward call on `lnc` logical cores: the most (128 per tile) whose resident x, xᵀ, dx fit RES_BUDGET
     on each core."""
-    return RES_BUDGET // (d * (2 * itemsize + 4)) * P * lnc
+    return RES_BUDGET // (d * (2 * itemsize + 4)) * PMAX * lnc
 
 def swiglu_forward(x2, wg, wu, launch):
     "h = silu(x2 wgᵀ) ⊙ (x2 wuᵀ) by `launch` (swiglu_fwd_kernel on some cores), in blocks of F columns if SBUF needs."
