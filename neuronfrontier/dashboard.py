@@ -5,6 +5,7 @@
 # %% ../nbs/70_dashboard.ipynb #cc4dc5b2
 from __future__ import annotations
 import csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, threading, time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
@@ -875,87 +876,60 @@ def _log_tail(p: Path, n: int = 4000) -> str:
 def _sse(event: str, data, id=None) -> str:
     return (f"id: {id}\n" if id is not None else "") + f"event: {event}\ndata: {json.dumps(_clean(data))}\n\n"
 
-def make_app(
-    runs="runs",
-    data="data/cache/pydocs",
-    token: str | None = None,
-    kernels_report=None,
-    embed_token: bool = True,
-    allowed_hosts=None,
-    poll_s: float = 0.25,
-    sets=(),
-):
-    """The dashboard's FastAPI app over the runs directory `runs`; `token` (generated if None) guards every
-    state-changing request;
-    `sets`: config overrides for every run started from the page."""
-    import asyncio, contextlib
-    from fastapi import FastAPI, HTTPException, Header, Body
-    from fastapi.responses import HTMLResponse, StreamingResponse
-    from fastapi.staticfiles import StaticFiles
-    from starlette.concurrency import run_in_threadpool
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
-    from neuronfrontier import __version__
-    root, data = Path(runs), Path(data)
-    token = token or secrets.token_urlsafe(24)
-    launcher, check_lock, cache = Launcher(root, data, sets), threading.Lock(), {}
+@dataclass
+class _AppState:
+    "What the routers of one dashboard app share: the runs directory, the launcher, the token, the kernels report."
+    root: Path                     # the runs directory
+    data: Path                     # the prepared data the launcher's runs train on
+    token: str                     # guards every state-changing request
+    launcher: Launcher
+    kernels_report: object = None  # an explicit kernels report path, else the one found under `root`
+    poll_s: float = 0.25           # how often a stream looks for new metrics
+    check_lock: threading.Lock = field(default_factory=threading.Lock)   # one live check at a time
+    cache: dict = field(default_factory=dict)                           # the parsed kernels report, by mtime
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        await run_in_threadpool(launcher.shutdown)
-
-    app = FastAPI(title="neuronfrontier dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.token, app.state.launcher = token, launcher
-    if allowed_hosts: app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
-
-    def need_token(t):
+    def need_token(self, t):
+        "Refuse a state-changing request without the dashboard's token (401) or with another (403)."
+        from fastapi import HTTPException
         if not t:
             raise HTTPException(401, "this request changes state: send the dashboard's token in the X-NF-Token header")
-        if not secrets.compare_digest(t.encode(), token.encode()): raise HTTPException(403, "wrong token")
+        if not secrets.compare_digest(t.encode(), self.token.encode()): raise HTTPException(403, "wrong token")
 
-    def rdir(name):
-        try: d = run_path(root, name)
+    def rdir(self, name) -> Path:
+        "The run directory `name` under the runs directory: 400 for a bad name, 404 for no such run."
+        from fastapi import HTTPException
+        try: d = run_path(self.root, name)
         except BadName as e: raise HTTPException(400, str(e))
         if not (d.is_dir() and is_run(d)): raise HTTPException(404, f"no run {name!r} in the runs directory")
         return d
 
-    def report():
-        p = find_kernels_report(root, kernels_report)
+    def report(self) -> dict | None:
+        "The kernels report, parsed once per change of the file; None without one."
+        p = find_kernels_report(self.root, self.kernels_report)
         if p is None: return None
         key = (str(p), p.stat().st_mtime)
-        if cache.get("key") != key: cache.update(key=key, rep=_load_json(p), path=str(p))
-        return cache["rep"]
+        if self.cache.get("key") != key: self.cache.update(key=key, rep=_load_json(p), path=str(p))
+        return self.cache["rep"]
 
-    @app.get("/", response_class=HTMLResponse)
-    def index():
-        meta = f'<meta name="nf-token" content="{token}">' if embed_token else ""
-        return (static_dir() / "index.html").read_text().replace("<!--NF-TOKEN-->", meta)
-    app.mount("/static", StaticFiles(directory=static_dir()), name="static")
+# %% ../nbs/70_dashboard.ipynb #73dbd1ec
+def _runs_router(st: _AppState):
+    "Runs: the list, one run, its metrics, its live stream (server-sent events), stop, and launch."
+    import asyncio
+    from fastapi import APIRouter, HTTPException, Header, Body
+    from fastapi.responses import StreamingResponse
+    r = APIRouter()
 
-    @app.get("/api/info")
-    def info():
-        return dict(
-            version=__version__,
-            runs=str(root.resolve()),
-            data=str(data),
-            choices=launcher.choices(),
-            sets=launcher.sets,
-            launched=launcher.running(),
-            checks={k: v[0] for k, v in LIVE_CHECKS.items()},
-            kernels_report=report() is not None,
-        )
+    @r.get("/api/runs")
+    def runs_(): return list_runs(st.root, {st.launcher.running()} - {None})
 
-    @app.get("/api/runs")
-    def runs_(): return list_runs(root, {launcher.running()} - {None})
-
-    @app.get("/api/runs/{name:path}/metrics")
+    @r.get("/api/runs/{name:path}/metrics")   # before /api/runs/{name:path}, which would match it too
     def metrics(name: str, offset: int = 0):
-        recs, off, reset = read_new(rdir(name) / "metrics.jsonl", max(0, offset))
+        recs, off, reset = read_new(st.rdir(name) / "metrics.jsonl", max(0, offset))
         return dict(records=recs, offset=off, reset=reset)
 
-    @app.get("/api/runs/{name:path}/stream")
+    @r.get("/api/runs/{name:path}/stream")
     async def stream(name: str, offset: int = 0, last_event_id: str | None = Header(None)):
-        d = rdir(name)
+        d = st.rdir(name)
         start = int(last_event_id) if (last_event_id or "").isdigit() else max(0, offset)
 
         async def events():
@@ -971,14 +945,11 @@ def make_app(
                 if res is not None and res != sent:
                     sent = res
                     yield _sse("result", res, off)
-                if res is not None and (scored(res) or (name != launcher.running() and _age(d / "result.json") > 120)):
+                running = name == st.launcher.running()
+                if res is not None and (scored(res) or (not running and _age(d / "result.json") > 120)):
                     yield _sse("end", {})
                     return  # final, or no sign of the evaluation still going
-                s = (
-                    run_summary(d, name, name == launcher.running())["status"]
-                    if quiet >= 1.0 or status is None
-                    else status
-                )
+                s = run_summary(d, name, running)["status"] if quiet >= 1.0 or status is None else status
                 if s != status:
                     status = s
                     yield _sse("status", {"status": s})
@@ -989,79 +960,132 @@ def make_app(
                 if quiet >= 15:
                     yield ": keep-alive\n\n"
                     quiet = 0.0
-                await asyncio.sleep(poll_s)
-                quiet += poll_s
+                await asyncio.sleep(st.poll_s)
+                quiet += st.poll_s
 
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
 
-    @app.post("/api/runs/{name:path}/stop")
+    @r.post("/api/runs/{name:path}/stop")
     def stop(name: str, x_nf_token: str | None = Header(None)):
-        need_token(x_nf_token)
-        rdir(name)
-        try: launcher.stop(name)
+        st.need_token(x_nf_token)
+        st.rdir(name)
+        try: st.launcher.stop(name)
         except RuntimeError as e: raise HTTPException(409, str(e))
         return dict(stopping=name)
 
-    @app.get("/api/runs/{name:path}")
+    @r.get("/api/runs/{name:path}")
     def run(name: str):
-        d = rdir(name)
-        return dict(run_summary(d, name, name == launcher.running()), result=_load_json(d / "result.json"),
+        d = st.rdir(name)
+        return dict(run_summary(d, name, name == st.launcher.running()), result=_load_json(d / "result.json"),
                     launch=_load_json(d / "launch.json"), log_tail=_log_tail(d / "train.log"))
 
-    @app.post("/api/launch")
+    @r.post("/api/launch")
     def launch(body: dict = Body(...), x_nf_token: str | None = Header(None)):
-        need_token(x_nf_token)
+        st.need_token(x_nf_token)
         try:
-            return dict(
-                name=launcher.start(
-                    body.get("config"), body.get("recipe") or "", body.get("budget", 60), body.get("nproc", 1)
-                )
-            )
-        except ValueError as e:
-            raise HTTPException(400, str(e))
-        except RuntimeError as e:
-            raise HTTPException(409, str(e))
+            name = st.launcher.start(body.get("config"), body.get("recipe") or "", body.get("budget", 60),
+                                     body.get("nproc", 1))
+        except ValueError as e: raise HTTPException(400, str(e))
+        except RuntimeError as e: raise HTTPException(409, str(e))
+        return dict(name=name)
+    return r
 
-    @app.get("/api/kernels")
+def _kernels_router(st: _AppState):
+    "Kernels: the report's summary and one kernel's entry (with its timeline)."
+    from fastapi import APIRouter, HTTPException
+    r = APIRouter()
+
+    @r.get("/api/kernels")
     def kernels():
-        rep = report()
+        rep = st.report()
         if rep is None:
-            return dict(
-                available=False,
-                hint="no kernels report: run `neuronfrontier kernels-report --out <runs>/kernels_report.json`",
-            )
-        return dict(available=True, path=cache.get("path"), **{k: v for k, v in rep.items() if k != "kernels"},
+            hint = "no kernels report: run `neuronfrontier kernels-report --out <runs>/kernels_report.json`"
+            return dict(available=False, hint=hint)
+        return dict(available=True, path=st.cache.get("path"), **{k: v for k, v in rep.items() if k != "kernels"},
                     kernels=[{k: v for k, v in e.items() if k != "timeline"} for e in rep.get("kernels", [])])
 
-    @app.get("/api/kernels/{kname}")
+    @r.get("/api/kernels/{kname}")
     def kernel(kname: str):
-        rep = report() or {}
+        rep = st.report() or {}
         k = next((e for e in rep.get("kernels", []) if e.get("name") == kname), None)
         if k is None: raise HTTPException(404, f"no kernel {kname!r} in the kernels report")
         return dict(k, hw=rep.get("hw"), config=rep.get("config"), dtype=rep.get("dtype"))
+    return r
 
-    @app.get("/api/tour")
-    def tour_(): return tour(root, report())
+def _tour_router(st: _AppState):
+    "The judge tour and its live checks (one at a time, each behind the token)."
+    from fastapi import APIRouter, HTTPException, Header
+    from starlette.concurrency import run_in_threadpool
+    r = APIRouter()
 
-    @app.post("/api/checks/{cname}")
+    @r.get("/api/tour")
+    def tour_(): return tour(st.root, st.report())
+
+    @r.post("/api/checks/{cname}")
     async def check(cname: str, x_nf_token: str | None = Header(None)):
-        need_token(x_nf_token)
+        st.need_token(x_nf_token)
         if cname not in LIVE_CHECKS: raise HTTPException(404, f"no live check {cname!r}")
-        if not check_lock.acquire(blocking=False): raise HTTPException(409, "another live check is running")
-        try: return await run_in_threadpool(run_check, cname, data)
-        finally: check_lock.release()
+        if not st.check_lock.acquire(blocking=False): raise HTTPException(409, "another live check is running")
+        try: return await run_in_threadpool(run_check, cname, st.data)
+        finally: st.check_lock.release()
+    return r
 
-    @app.get("/api/sweeps")
-    def sweeps(): return list_sweeps(root)
+def _sweeps_router(st: _AppState):
+    "Sweeps: the list and one sweep's table."
+    from fastapi import APIRouter, HTTPException
+    r = APIRouter()
 
-    @app.get("/api/sweeps/{name}")
+    @r.get("/api/sweeps")
+    def sweeps(): return list_sweeps(st.root)
+
+    @r.get("/api/sweeps/{name}")
     def sweep(name: str):
-        try: d = run_path(root, name)
+        try: d = run_path(st.root, name)
         except BadName as e: raise HTTPException(400, str(e))
         if not is_sweep(d): raise HTTPException(404, f"no sweep {name!r} in the runs directory")
         return dict(name=name, **sweep_table(d, f"{name}/"))
+    return r
+
+# %% ../nbs/70_dashboard.ipynb #d81f1e4f
+def make_app(runs="runs", data="data/cache/pydocs", token: str | None = None, kernels_report=None,
+             embed_token: bool = True, allowed_hosts=None, poll_s: float = 0.25, sets=()):
+    """The dashboard's FastAPI app over the runs directory `runs`: the page, `/api/info`, and one router per concern
+    (runs, kernels, tour, sweeps). `token` (generated if None) guards every state-changing request; `sets`: config
+    overrides for every run started from the page."""
+    import contextlib
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+    from fastapi.staticfiles import StaticFiles
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from neuronfrontier import __version__
+    root, data = Path(runs), Path(data)
+    token = token or secrets.token_urlsafe(24)
+    st = _AppState(root, data, token, Launcher(root, data, sets), kernels_report, poll_s)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        await run_in_threadpool(st.launcher.shutdown)
+
+    app = FastAPI(title="neuronfrontier dashboard", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.token, app.state.launcher = token, st.launcher
+    if allowed_hosts: app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
+
+    @app.get("/", response_class=HTMLResponse)
+    def index():
+        meta = f'<meta name="nf-token" content="{token}">' if embed_token else ""
+        return (static_dir() / "index.html").read_text().replace("<!--NF-TOKEN-->", meta)
+    app.mount("/static", StaticFiles(directory=static_dir()), name="static")
+
+    @app.get("/api/info")
+    def info():
+        return dict(version=__version__, runs=str(root.resolve()), data=str(data), choices=st.launcher.choices(),
+                    sets=st.launcher.sets, launched=st.launcher.running(),
+                    checks={k: v[0] for k, v in LIVE_CHECKS.items()}, kernels_report=st.report() is not None)
+
+    for router in (_runs_router, _kernels_router, _tour_router, _sweeps_router): app.include_router(router(st))
     return app
 
 LOOPBACK = ("127.0.0.1", "localhost")
