@@ -107,13 +107,13 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
     torch.manual_seed(0)
     model = ns.GPT(mcfg).train()
     opts = ns.build_optimizers(model, tcfg, print_table=False)
-    batches = iter(tokens, None)
-    ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=ns.DataParallel(world))   # creates the optimizer state
+    batches, par = iter(tokens, None), ns.DataParallel(world)
+    ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=par)   # the first step creates the optimizer state
     held = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
             for t in [*model.parameters(), *(v for o in opts for s in o.state.values() for v in s.values()
                                              if isinstance(v, torch.Tensor))]}
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=ns.DataParallel(world))
+        ns.train_step(model, opts, batches, tcfg, 0.5, dev, parallel=par)
     live = peak = 0
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]   # one per allocation or free
     for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events):

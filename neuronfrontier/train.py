@@ -222,17 +222,12 @@ class Run:
     world: int                    # processes in the job
     ctrl: object                  # the host-side group the ranks agree through (None: the default group)
     owned: bool                   # this process joined the process group, and leaves it at the end
-    lead: bool                    # rank 0: the one that writes files and prints
-    say: Callable                 # `print` on the lead rank of a verbose run, else a no-op
-    verbose: bool                 # per-step lines on this rank
     train_paths: list             # the training shards
     val_path: Path                # the validation shard
     tok_dir: Path
     enc: object                   # the tokenizer
     token_bytes: torch.Tensor     # UTF-8 bytes per token id (0: a special token)
-    out: Path                     # the run directory
-    ck_path: Path                 # model.pt: what the scorer loads
-    rs_path: Path                 # resume.pt: what --resume continues from
+    out: Path                     # the run directory: model.pt (what the scorer loads), resume.pt, metrics, result
     model: GPT
     opts: list                    # the optimisers (Muon, AdamW)
     parallel: DataParallel        # how the model is shared out: gradient sync, clipping, consolidated checkpoints
@@ -254,6 +249,18 @@ class Run:
     save_s: float | None = None                                  # the last write of model.pt, in seconds
     nonfinite: torch.Tensor | None = None                        # on the device: a non-finite loss since the last read
 
+    @property
+    def lead(self) -> bool: return self.rank == 0   # rank 0 alone writes files and prints
+    @property
+    def verbose(self) -> bool: return self.spec.verbose and self.lead
+    @property
+    def ck_path(self) -> Path: return self.out / "model.pt"
+    @property
+    def rs_path(self) -> Path: return self.out / "resume.pt"
+    def say(self, *a, **k):
+        "`print` on the lead rank of a verbose run."
+        if self.verbose: print(*a, **k)
+
 # %% ../nbs/30_train.ipynb #6b2da059
 def setup(spec: RunSpec) -> Run:
     """Resolve and check everything `train` needs; build the model, optimisers and loader; restore `resume.pt` when
@@ -269,7 +276,7 @@ def setup(spec: RunSpec) -> Run:
         mcfg.vocab_size = enc.n_vocab
         mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
     out = Path(spec.out_dir)
-    ck_path, rs_path = out / "model.pt", out / "resume.pt"
+    rs_path = out / "resume.pt"
     if spec.resume and not rs_path.exists():
         raise ValueError(f"--resume: no {rs_path.name} in {out}; run without --resume first")
     ck = load_resume(rs_path, mcfg) if spec.resume else None  # a truncated or corrupt resume.pt fails here, named
@@ -298,12 +305,10 @@ def setup(spec: RunSpec) -> Run:
         torch.set_rng_state(ck["rng"]["cpu"])
         if "cuda" in ck["rng"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
     model.train()
-    verbose = spec.verbose and lead
     return Run(
-        spec=spec, mcfg=mcfg, tcfg=tcfg, dev=dev, rank=rank, world=world, ctrl=ctrl, owned=owned, lead=lead,
-        say=print if verbose else (lambda *a, **k: None), verbose=verbose,
+        spec=spec, mcfg=mcfg, tcfg=tcfg, dev=dev, rank=rank, world=world, ctrl=ctrl, owned=owned,
         train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes,
-        out=out, ck_path=ck_path, rs_path=rs_path, model=model, opts=opts, parallel=parallel, loader=loader,
+        out=out, model=model, opts=opts, parallel=parallel, loader=loader,
         batches=Prefetcher(rows, tcfg.prefetch),  # packed ahead, off the step
         state=state,
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
