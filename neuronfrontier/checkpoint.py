@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from .config import ModelConfig, TrainConfig
 from .model import GPT
-from .resilience import first_line
+from .config import first_line
 
 # %% auto #0
 __all__ = ['load_checkpoint', 'load_resume', 'save_model', 'save_resume', 'load_for_eval']

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, asdict, replace
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
            'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig',
-           'validate_train', 'rank_batch', 'apply_overrides', 'recipe_names', 'resolve', 'config_dict',
+           'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'recipe_names', 'resolve', 'config_dict',
            'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
@@ -357,6 +357,11 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
                 f"--set {k}: unknown field; model fields: {', '.join(mf)}; training fields: {', '.join(tf)}"
             )
     return m, t
+
+# %% ../nbs/01_config.ipynb #c30b9f63
+def first_line(e: BaseException, limit: int = 160) -> str:
+    "The first line of an exception's message, at most `limit` characters ('' for an empty message)."
+    return (str(e).strip().splitlines() or [""])[0][:limit]
 
 # %% ../nbs/01_config.ipynb #73d3dc2b
 RECIPES: dict[str, list[str]] = {

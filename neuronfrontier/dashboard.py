@@ -7,12 +7,14 @@ from __future__ import annotations
 import csv, json, math, os, re, secrets, signal, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
+from .config import first_line
 
 # %% auto #0
-__all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName', 'run_path', 'read_new', 'is_run',
-           'last_record', 'run_summary', 'run_dirs', 'list_runs', 'downsample_timeline', 'kernels_report', 'is_sweep',
-           'sweep_table', 'list_sweeps', 'repo_root', 'md_section', 'md_tables', 'md_paragraph', 'tour', 'run_check',
-           'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
+__all__ = ['MAX_DEPTH', 'RUN_FILES', 'TOUR', 'RESULTS', 'STEP_BLOCKS', 'LIVE_CHECKS', 'BUDGETS', 'LOOPBACK', 'BadName',
+           'run_path', 'read_new', 'is_run', 'last_record', 'run_summary', 'run_dirs', 'list_runs',
+           'downsample_timeline', 'kernels_report', 'is_sweep', 'sweep_table', 'list_sweeps', 'repo_root',
+           'results_dir', 'result_label', 'rblock', 'missing', 'variant_summary', 'variants_table', 'setup', 'compare',
+           'tour', 'run_check', 'Launcher', 'static_dir', 'find_kernels_report', 'make_app', 'serve', 'LiveRun', 'live']
 
 # %% ../nbs/70_dashboard.ipynb #e4abeab6
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+-]{0,99}$")
@@ -73,7 +75,7 @@ def _load_json(p) -> dict | None:
 def is_run(d: Path) -> bool: return any((Path(d) / f).is_file() for f in RUN_FILES)
 
 # is a result.json the final one; the Pareto rule of the sweep's plot
-from .sweep import scored, pareto_indices
+from .sweep import scored, pareto_indices, summarize
 
 
 def _age(p) -> float:
@@ -415,45 +417,125 @@ def repo_root() -> Path | None:
     r = Path(neuronfrontier.__file__).resolve().parent.parent
     return r if (r / "README.md").is_file() and (r / "nbs").is_dir() else None
 
-def md_section(text: str, heading: str) -> str:
-    """The body of the Markdown section whose heading line is `heading` (up to the next heading of the same or a higher
-    level)."""
-    lines, out, level = text.splitlines(), None, None
-    for line in lines:
-        m = re.match(r"^(#+)\s+(.*)$", line)
-        if out is not None and m and len(m.group(1)) <= level: break
-        if out is not None: out.append(line)
-        elif m and m.group(2).strip() == heading: out, level = [], len(m.group(1))
-    return "\n".join(out or [])
+# %% ../nbs/70_dashboard.ipynb #0e188f6d
+_ABL = "python benchmarks/ablation.py"
+RESULTS = {
+    "kernels_report.json": "neuronfrontier kernels-report --config dense-124m --out nbs/results/kernels_report.json",
+    "frontier_ablation.json": f"{_ABL} --config cpu-tiny --budget 300 --seeds 0 1 2 --jobs 2 --threads 1 "
+                              "--json nbs/results/frontier_ablation.json",
+    "speedrun_vs_kit.json": f'{_ABL} --variants kit "kit + heads of 64" --seeds 0 1 2 --jobs 1 --threads 2 '
+                            "--json nbs/results/speedrun_vs_kit.json",
+    "speedrun_kit_changes.json": f'{_ABL} --variants kit "kit + momentum ramp 100" "kit + batch 4" --reference kit '
+                                 "--jobs 1 --threads 2 --json nbs/results/speedrun_kit_changes.json",
+    "speedrun_ramp_fixed_steps.json": f'{_ABL} --steps 460 --seeds 0 1 2 --variants kit "kit + momentum ramp 100" '
+                                      "--reference kit --jobs 1 --threads 2 "
+                                      "--json nbs/results/speedrun_ramp_fixed_steps.json",
+    "qk_norm.json": "notebook nbs/55_diagnostics.ipynb (qk_norm_experiment)",
+}
 
-def md_tables(text: str) -> list[dict]:
-    "Pipe tables in Markdown `text`: [{'header': [...], 'rows': [[...], ...]}]."
-    out, cur = [], None
-    for line in text.splitlines() + [""]:
-        s = line.strip()
-        if s.startswith("|") and s.endswith("|") and len(s) > 1:
-            cells = [c.strip() for c in s[1:-1].split("|")]
-            if cur is None: cur = dict(header=cells, rows=[])
-            elif not all(re.fullmatch(r":?-{3,}:?", c) for c in cells): cur["rows"].append(cells)
-        elif cur is not None:
-            out.append(cur)
-            cur = None
-    return out
+def results_dir(repo: Path | None = None) -> Path | None:
+    "`nbs/results` of the checkout `repo` (default: the one this package was installed from), or None."
+    repo = repo or repo_root()
+    return repo / "nbs" / "results" if repo else None
 
-def md_paragraph(text: str, contains: str) -> str | None:
-    "The first paragraph (blank-line separated, not a table) of `text` that contains `contains`."
-    for p in re.split(r"\n\s*\n", text):
-        if contains in p and not p.lstrip().startswith("|"): return " ".join(l.strip() for l in p.strip().splitlines())
-    return None
+def _meta(d: dict) -> dict: return d.get("meta") or d
 
-def _nb_markdown(path: Path) -> str:
-    try: nb = json.loads(path.read_text())
-    except (OSError, ValueError): return ""
-    return "\n\n".join("".join(c["source"]) for c in nb.get("cells", []) if c.get("cell_type") == "markdown")
+def result_label(d: dict) -> str:
+    "What a results file says its numbers are: its `label`, else 'measured on <its machine>'."
+    m = _meta(d)
+    if m.get("label"): return m["label"]
+    return f"measured on {m['machine']}" if m.get("machine") else "measured; the file records no machine"
 
-# %% ../nbs/70_dashboard.ipynb #fdb24cd7
+def rblock(kind: str, name: str, d: dict, label: str | None = None, **kw) -> dict:
+    "A tour block from the results file `name` (its data `d`), with the file, its date and what wrote it."
+    m = _meta(d)
+    cmd, date = m.get("command") or RESULTS.get(name, "?"), m.get("date") or m.get("created")
+    src = f"nbs/results/{name}" + (f", {date}" if date else "") + f" — {cmd}"
+    if m.get("transcribed_from"): src += " (transcribed from the README's table)"
+    return _blk(kind, src, label or result_label(d), file=f"nbs/results/{name}", command=cmd, date=date, **kw)
+
+def missing(name: str) -> dict:
+    "The block of a results file that is not there: what would write it."
+    cmd = RESULTS[name]
+    return _blk("text", f"nbs/results/{name}", "missing", file=f"nbs/results/{name}", command=cmd,
+                text=f"No `nbs/results/{name}` yet: `{cmd}` writes it.")
+
 def _blk(kind, source, label, **kw): return dict(kind=kind, source=source, label=label, **kw)
 
+# %% ../nbs/70_dashboard.ipynb #7a8f3069
+def _by_setting(d: dict) -> dict[str, list[dict]]:
+    out = {}
+    for r in sorted(d.get("rows") or [], key=lambda r: r["seed"]): out.setdefault(r["setting"], []).append(r)
+    return out
+
+def variant_summary(d: dict) -> list[dict]:
+    "Per variant of an ablation results file: its `summary`, else `sweep.summarize` of its rows."
+    if d.get("summary"): return d["summary"]
+    rows = d.get("rows") or []
+    ref = _meta(d).get("reference") or (rows[0]["setting"] if rows else None)
+    return _clean(summarize(rows, reference=ref))
+
+def _reference(d: dict) -> str | None:
+    s = variant_summary(d)
+    return _meta(d).get("reference") or next((r["setting"] for r in s if r.get("delta") == 0), None) or (
+        s[0]["setting"] if s else None)
+
+def _times(x: float) -> str: return f"{x:.1f} ×" if x >= 1 else f"{x:.2f} ×"
+
+def _pm(m, sd) -> str: return f"{m:.4f}" + (f" ± {sd:.4f}" if sd is not None else "")
+
+def _span(xs, fmt="{:,.0f}") -> str:
+    lo, hi = min(xs), max(xs)
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}–{fmt.format(hi)}"
+
+def variants_table(name: str, d: dict, only=None) -> dict:
+    "A table block of the variants (all, or those in `only`) of the ablation results file `name`."
+    seeds, ref = _by_setting(d), _reference(d)
+    rows = []
+    for s in variant_summary(d):
+        if only is not None and s["setting"] not in only: continue
+        rs = seeds.get(s["setting"], [])
+        rows.append([s["setting"], _pm(s["val_bpb_mean"], s["val_bpb_sd"]),
+                     f"{s['delta']:+.4f}" if s.get("delta") is not None else "–",
+                     ", ".join(f"{r['val_bpb']:.4f}" for r in rs) if rs else "not recorded",
+                     _span([r["steps"] for r in rs]) if rs else f"{s['steps']:,.0f}",
+                     f"{s['tok_s']:,.0f}", str(s["runs"])])
+    return rblock("table", name, d, header=["variant", "val_bpb (mean ± sd)", f"Δ vs {ref}", "per seed",
+                                            "steps", "tok/s (mean)", "runs"], rows=rows)
+
+def setup(d: dict) -> str:
+    "How an ablation file's runs were made, from its meta."
+    m, n = _meta(d), len({r["seed"] for r in d.get("rows") or []}) or len(_meta(d).get("seeds") or [])
+    each = f"{m['steps']} steps" if m.get("steps") else f"{m['budget_s']:g} s"
+    return (f"{m['config']}, {each} per run, {n} seed(s), {m['jobs']} run(s) at a time × {m['threads']} thread(s)"
+            + (f", {m['date']}" if m.get("date") else ""))
+
+def compare(d: dict, a: str, b: str) -> str | None:
+    "Variant `b` against variant `a` of an ablation results file, formatted from its numbers (None if one is absent)."
+    s = {r["setting"]: r for r in variant_summary(d)}
+    if a not in s or b not in s: return None
+    sa, sb, m = s[a], s[b], _meta(d)
+    at = f"at {m['steps']} steps" if m.get("steps") else f"in {m['budget_s']:g} s"
+    runs = f"{sa['runs']} seeds" if sa["runs"] == sb["runs"] else f"{sa['runs']} and {sb['runs']} seeds"
+    diff = sb["val_bpb_mean"] - sa["val_bpb_mean"]
+    sds = [x for x in (sa["val_bpb_sd"], sb["val_bpb_sd"]) if x is not None]
+    out = (f"{a} {_pm(sa['val_bpb_mean'], sa['val_bpb_sd'])} vs {b} {_pm(sb['val_bpb_mean'], sb['val_bpb_sd'])} {at}, "
+           f"{runs}: {b} − {a} = {diff:+.4f}" + (f" ({_times(abs(diff) / max(sds))} the larger sd)" if sds else ""))
+    by = _by_setting(d)
+    pa, pb = ({r["seed"]: r for r in by.get(x, [])} for x in (a, b))
+    both = sorted(set(pa) & set(pb))
+    if both:
+        ds = [pb[k]["val_bpb"] - pa[k]["val_bpb"] for k in both]
+        out += (f"; seed by seed (seed{'s' * (len(both) > 1)} {', '.join(map(str, both))}) "
+                f"{', '.join(f'{x:+.4f}' for x in ds)}" + (f", mean {sum(ds) / len(ds):+.4f}" if len(ds) > 1 else ""))
+        if not m.get("steps"):
+            st = [pb[k]["steps"] / pa[k]["steps"] - 1 for k in both]
+            out += f"; {b} ran {min(st):+.0%}" + (f" to {max(st):+.0%}" if len(st) > 1 else "") + " steps"
+    elif not m.get("steps"):
+        out += f"; steps {sa['steps']:,.0f} vs {sb['steps']:,.0f}"
+    return out + "."
+
+# %% ../nbs/70_dashboard.ipynb #d6d50e41
 def _kernel_rows(report: dict) -> list[list]:
     rows = []
     for k in report.get("kernels", []):
@@ -472,125 +554,173 @@ def _kernel_rows(report: dict) -> list[list]:
         )
     return rows
 
-def tour(runs_root=None, report: dict | None = None, repo: Path | None = None) -> list[dict]:
-    """The judge tour's steps: each TOUR entry with `measured`, a list of blocks read from the project's files (tables,
-    paragraphs)."""
-    repo = repo or repo_root()
-    readme = (repo / "README.md").read_text() if repo and (repo / "README.md").is_file() else ""
-    numbers = md_section(readme, "Numbers")
-    ablation = next((t for t in md_tables(numbers) if t["header"] and t["header"][0] == "recipe"), None)
-    nbmd = lambda name: _nb_markdown(repo / "nbs" / name) if repo else ""
+def _dims(shapes: str) -> list[tuple[int, ...]]:
+    "The bracketed shapes of a kernels-report entry's `shapes`: 'x [1024, 768], W [2048, 768]' → [(1024, 768), ...]."
+    return [tuple(int(x) for x in m.split(",")) for m in re.findall(r"\[(\d+(?:,\s*\d+)*)\]", shapes)]
+
+def _tiles_step(ctx) -> list[dict]:
+    from neuronfrontier.config import CONFIGS, TILE, recipe_names, resolve
+    dims = ("d_model", "d_mlp", "d_attn", "padded_vocab", "seq_len")
+    ms = {n: resolve(n)[0] for n in CONFIGS}
+    rows = [[n, ", ".join(recipe_names(n)) or "–", *(getattr(m, k) for k in dims),
+             "yes" if all(getattr(m, k) % TILE == 0 for k in dims) else "NO"] for n, m in ms.items()]
+    bad = [r[0] for r in rows if r[-1] == "NO"]
+    try:
+        resolve("cpu-tiny", None, ["d_model=700"])
+        refused = "accepted"
+    except ValueError as e: refused = f"refused: “{e}”"
+    text = (f"All {len(rows)} presets' widths are multiples of TILE = {TILE}" if not bad
+            else f"{', '.join(bad)}: a width that is not a multiple of TILE = {TILE}") + (
+            f"; `--set d_model=700` is {refused}.")
+    src = "neuronfrontier.config (CONFIGS resolved with each preset's default recipe, TILE, ModelConfig.validate)"
+    return [_blk("table", src, "computed from the presets",
+                 header=["preset", "recipe", *dims, f"all multiples of {TILE}"], rows=rows),
+            _blk("text", src, "computed from the presets", text=text)]
+
+def _kernels_step(ctx) -> list[dict]:
+    rep, name = ctx["report"], "kernels_report.json"
+    if not (rep and rep.get("kernels")): return [missing(name)]
+    ks = {k["name"]: k for k in rep["kernels"]}
+    k0 = rep["kernels"][0]
+    lab = f"{k0['measured']['label']}; the last column: {k0['roofline']['label']} on {k0['roofline']['hw']}"
+    meta = dict(command=f"neuronfrontier kernels-report --config {rep.get('config')}",
+                date=f"{rep.get('created')}, commit {rep.get('commit')}")
+    b = rblock("table", name, dict(meta=meta), lab, header=["kernel", "shapes", "HBM bytes", "÷ compulsory",
+               "peak SBUF KiB/partition (of 192)", "peak PSUM KiB/partition (of 16)", "roofline µs"],
+               rows=_kernel_rows(rep))
+    b["source"], b["file"] = b["source"].replace(b["file"], ctx["report_path"], 1), ctx["report_path"]
+    out, sim = [b], k0["measured"]["label"]
+    said = lambda label, text: {k: v for k, v in b.items() if k not in ("header", "rows")} | dict(
+        kind="text", label=label, text=text)
+    comp = lambda k: k["measured"]["compulsory_read_bytes"] + k["measured"]["compulsory_write_bytes"]
+    exact = [k["name"] for k in rep["kernels"] if k["measured"]["hbm_bytes"] == comp(k)]
+    more = [f"{k['name']} ×{k['measured']['hbm_bytes'] / comp(k):.2f}"
+            for k in rep["kernels"] if k["name"] not in exact]
+    out.append(said(sim, f"{len(exact)} of {len(ks)} kernel calls move exactly their compulsory HBM bytes (every "
+                         f"input read once, every output written once): {', '.join(exact)}"
+                         + (f"; the others: {', '.join(more)}" if more else "") + "."))
+    s = 2 if rep.get("dtype") == "bf16" else 4
+    if "swiglu_fwd" in ks and "swiglu_bwd" in ks and len(_dims(ks["swiglu_fwd"]["shapes"])) >= 2:
+        from neuronfrontier.kernels.swiglu import hbm_traffic
+        (N, d), (F, _) = _dims(ks["swiglu_fwd"]["shapes"])[:2]
+        t = hbm_traffic(N, d, F, s)
+        parts = []
+        for kn, dr, what in (("swiglu_fwd", "fwd", "forward"), ("swiglu_bwd", "bwd", "backward")):
+            got = ks[kn]["measured"]["hbm_bytes"]
+            if comp(ks[kn]) != t[dr]["compulsory"]: return out   # not the shapes the formula is for: no sentence
+            parts.append(f"{what} {got:,} bytes against {t[dr]['unfused']:,} unfused "
+                         f"({got / t[dr]['unfused']:.0%}, {got / t[dr]['unfused'] - 1:+.0%})")
+        out.append(said(f"{sim}; the unfused bytes: swiglu.hbm_traffic, a formula (not simulated)",
+                        f"SwiGLU at N = {N:,} tokens, d = {d}, F = {F} ({rep.get('dtype')}), the fused kernels move: "
+                        f"{'; '.join(parts)}. The seed's claim is −33%."))
+    fa, ba = ks.get("attention_fwd"), ks.get("attention_bwd")
+    if fa and ba and _dims(fa["shapes"]):
+        T, dh = _dims(fa["shapes"])[0]
+        P, bank = rep["hw"]["partitions"], rep["hw"]["psum_bank_bytes"]
+        tt = T * T * s
+        part = lambda k, w: (f"the {w} peaks at {k['measured']['peak_sbuf_bytes_pp'] / 1024:.1f} KiB SBUF and "
+                             f"{k['measured']['peak_psum_bytes_pp'] // bank} PSUM banks per partition and moves "
+                             f"{k['measured']['hbm_bytes'] - comp(k):,} HBM bytes beyond its compulsory")
+        on_chip = [w for k, w in ((fa, "forward"), (ba, "backward")) if k["measured"]["peak_sbuf_bytes_pp"] * P >= tt]
+        via_hbm = [w for k, w in ((fa, "forward"), (ba, "backward")) if k["measured"]["hbm_bytes"] - comp(k) >= tt]
+        verdict = ("neither kernel has room for one on chip (peak SBUF below it) or moves one through HBM (extra bytes "
+                   "below it)" if not on_chip + via_hbm else
+                   f"SBUF peak at or above it: {', '.join(on_chip) or 'none'}; extra HBM bytes at or above it: "
+                   f"{', '.join(via_hbm) or 'none'}")
+        out.append(said(sim, f"FlashAttention at T = {T:,}, d_head = {dh} ({rep.get('dtype')}, one (batch, head) "
+                             f"program): {part(fa, 'forward')}; {part(ba, 'backward')}. One T×T score matrix is "
+                             f"{tt:,} bytes ({tt / P / 1024:.1f} KiB per partition): {verdict}. The report has this "
+                             f"one T; notebook 14_kernel_attention measures how the peaks grow with T."))
+    return out
+
+def _frontier_note(d: dict) -> dict:
+    "What the frontier-era numbers are, against the presets' default recipe now."
+    from neuronfrontier.config import DEFAULT_RECIPE, RECIPES
+    date = _meta(d).get("date")
+    now = ", ".join(f"{k} `{v}`" for k, v in DEFAULT_RECIPE.items())
+    kit_muon = "optim=muon" in RECIPES.get("kit", [])
+    return _blk("text", "neuronfrontier.config (DEFAULT_RECIPE, RECIPES)", "computed from the presets", text=(
+        f"These numbers are from the earlier `frontier` recipe ({' '.join(RECIPES['frontier'])})"
+        + (f", measured {date}" if date else "") + f". The presets now train their default recipe ({now}): "
+        "the kit's" + (", whose block matrices are trained with Muon too" if kit_muon else "")
+        + "; the speedrun step measures it."))
+
+def _ablation_step(ctx, muon: bool) -> list[dict]:
+    name, d = "frontier_ablation.json", ctx["files"]("frontier_ablation.json")
+    out = [missing(name)] if d is None else [_frontier_note(d)]
+    if d is not None:
+        names = [s["setting"] for s in variant_summary(d)]
+        ref = _reference(d)
+        only = [n for n in names if n in (ref, "frontier") or "muon" in n] if muon else None
+        out.append(variants_table(name, d, only))
+        pairs = ([("frontier", n) for n in names if "muon" in n] if muon else
+                 [(ref, "frontier")] + [("frontier", n) for n in names if n.startswith("frontier - ")])
+        said = [c for c in (compare(d, a, b) for a, b in pairs) if c]
+        if said: out.append(rblock("text", name, d, text=f"{setup(d)}. " + " ".join(said)))
+    if not muon:
+        q = ctx["files"]("qk_norm.json")
+        out.append(_qk_norm_block(q) if q is not None else missing("qk_norm.json"))
+    return out
+
+def _qk_norm_block(q: dict) -> dict:
+    on, off = q["qk_norm"]["records"], q["no_qk_norm"]["records"]
+    peak = lambda rs: max(r["max_logit"] for r in rs)
+    return rblock("text", "qk_norm.json", q, text=(
+        f"The largest attention logit over {on[-1]['step']} training steps ({len(on)} logged): with QK-norm it peaks "
+        f"at {peak(on):.1f} ({on[-1]['max_logit']:.1f} at the end), without it at "
+        f"{peak(off):.1f} ({off[-1]['max_logit']:.1f} at the end), {peak(off) / peak(on):.1f} times higher; the "
+        f"training losses at step {on[-1]['step']}: {on[-1]['loss']:.3f} with, {off[-1]['loss']:.3f} without."))
+
+def _speedrun_step(ctx) -> list[dict]:
+    from neuronfrontier.config import DEFAULT_RECIPE
+    out = [_blk("text", "neuronfrontier.config (DEFAULT_RECIPE)", "computed from the presets", text=(
+        f"`make speedrun` (`neuronfrontier speedrun --config cpu-tiny --budget 300`) trains cpu-tiny with the "
+        f"`{DEFAULT_RECIPE.get('cpu-tiny', 'frontier')}` recipe, its default. The files below measure that recipe "
+        "against changes to it; each file's runs shared one machine state, and the files' labels say how the machine "
+        "differed between them."))]
+    for name, pairs in (("speedrun_vs_kit.json", [("kit", "kit + heads of 64")]),
+                        ("speedrun_kit_changes.json", [("kit", "kit + momentum ramp 100"), ("kit", "kit + batch 4")]),
+                        ("speedrun_ramp_fixed_steps.json", [("kit", "kit + momentum ramp 100")])):
+        d = ctx["files"](name)
+        if d is None:
+            out.append(missing(name))
+            continue
+        out.append(variants_table(name, d))
+        said = [c for c in (compare(d, a, b) for a, b in pairs) if c]
+        out.append(rblock("text", name, d, text=f"{setup(d)}. " + " ".join(said)))
+    done = [r for r in (list_runs(ctx["runs_root"]) if ctx["runs_root"] else [])
+            if r["status"] == "completed" and r["val_bpb"] is not None]
+    if done:
+        best = min(done, key=lambda r: r["val_bpb"])
+        out.append(_blk("table", f"runs directory ({len(done)} completed runs)", "measured on this machine",
+                        header=["best run", "config", "recipe", "steps", "tokens/s", "val_bpb"],
+                        rows=[[best["name"], best["config"], best["recipe"] or "–", best["steps"],
+                               f"{best['tok_s']:,.0f}" if best["tok_s"] else "–", f"{best['val_bpb']:.4f}"]]))
+    return out
+
+def _submission_step(ctx) -> list[dict]:
+    return [_blk("text", "neuronfrontier check", "this installation",
+                 text="The live check exports a cpu-micro submission and runs `neuronfrontier check` on it.")]
+
+STEP_BLOCKS = {"tiles": _tiles_step, "kernels": _kernels_step, "muon": lambda c: _ablation_step(c, True),
+               "ablation": lambda c: _ablation_step(c, False), "speedrun": _speedrun_step,
+               "submission": _submission_step}
+
+def tour(runs_root=None, report: dict | None = None, repo: Path | None = None, results: Path | None = None,
+         report_path=None) -> list[dict]:
+    """The judge tour's steps: each TOUR entry with `measured`, its blocks formatted from the results files in `results`
+    (default: the checkout's `nbs/results`), the kernels `report` (default: the one in `results`) and the runs."""
+    results = Path(results) if results is not None else results_dir(repo)
+    files = lambda name: _load_json(results / name) if results else None
+    if report is None: report, report_path = files("kernels_report.json"), "nbs/results/kernels_report.json"
+    ctx = dict(runs_root=runs_root, report=report, report_path=str(report_path or "the kernels report given"),
+               files=files)
     steps = []
     for s in TOUR:
-        b = []
-        if s["id"] == "tiles":
-            from neuronfrontier.config import CONFIGS
-            dims = ("d_model", "d_mlp", "d_attn", "padded_vocab", "seq_len")
-            b.append(
-                _blk(
-                    "table",
-                    "neuronfrontier.config.CONFIGS",
-                    "computed from the presets",
-                    header=["preset", *dims, "all multiples of 128"],
-                    rows=[
-                        [
-                            n,
-                            *(getattr(m, k) for k in dims),
-                            "yes" if all(getattr(m, k) % 128 == 0 for k in dims) else "NO",
-                        ]
-                        for n, m in CONFIGS.items()
-                    ],
-                )
-            )
-            p = md_paragraph(readme, "multiple of 128")
-            if p: b.append(_blk("text", "README.md", "the project's rule", text=p))
-        elif s["id"] == "kernels":
-            if report and report.get("kernels"):
-                b.append(
-                    _blk(
-                        "table",
-                        f"kernels report ({report.get('config')}, {report.get('dtype')}, created "
-                        f"{report.get('created')}, commit {report.get('commit')})",
-                        "measured in the simulator; the last column is a roofline estimate on one trn2 NeuronCore",
-                        header=[
-                            "kernel",
-                            "shapes",
-                            "HBM bytes",
-                            "÷ compulsory",
-                            "peak SBUF KiB/partition (of 192)",
-                            "peak PSUM KiB/partition (of 16)",
-                            "roofline µs",
-                        ],
-                        rows=_kernel_rows(report),
-                    )
-                )
-            else:
-                b.append(
-                    _blk(
-                        "text",
-                        "kernels report",
-                        "missing",
-                        text="No kernels report found: run `neuronfrontier kernels-report`.",
-                    )
-                )
-            for nb, key in (
-                ("13_kernel_swiglu.ipynb", "seed's"),
-                ("14_kernel_attention.ipynb", "both PSUM peaks are constant"),
-            ):
-                p = md_paragraph(nbmd(nb), key)
-                if p: b.append(_blk("text", f"nbs/{nb}", "measured in the simulator", text=p))
-        elif s["id"] in ("muon", "ablation") and ablation:
-            rows = (
-                ablation["rows"]
-                if s["id"] == "ablation"
-                else [r for r in ablation["rows"] if r[0] in ("baseline", "frontier") or "muon" in r[0]]
-            )
-            cmd = re.search(r"`(python benchmarks/ablation\.py[^`]*)`", numbers)
-            b.append(_blk("table", "README.md § Numbers" + (f" — {cmd.group(1)}" if cmd else ""),
-                          "measured on CPU (the project's 2-core machine)", header=ablation["header"], rows=rows))
-            p = (
-                md_paragraph(numbers, "Muon is most of it")
-                if s["id"] == "muon"
-                else md_paragraph(numbers, "Frontier beats baseline")
-            )
-            if p:
-                b.append(_blk("text", "README.md § Numbers", "measured on CPU (the project's 2-core machine)", text=p))
-        elif s["id"] == "speedrun":
-            p = md_paragraph(numbers, "neuronfrontier speedrun")
-            if p:
-                b.append(_blk("text", "README.md § Numbers", "measured on CPU (the project's 2-core machine)", text=p))
-            done = [
-                r
-                for r in (list_runs(runs_root) if runs_root else [])
-                if r["status"] == "completed" and r["val_bpb"] is not None
-            ]
-            if done:
-                best = min(done, key=lambda r: r["val_bpb"])
-                b.append(
-                    _blk(
-                        "table",
-                        f"runs directory ({len(done)} completed runs)",
-                        "measured on this machine",
-                        header=["best run", "config", "recipe", "steps", "tokens/s", "val_bpb"],
-                        rows=[
-                            [
-                                best["name"],
-                                best["config"],
-                                best["recipe"] or "–",
-                                best["steps"],
-                                f"{best['tok_s']:,.0f}" if best["tok_s"] else "–",
-                                f"{best['val_bpb']:.4f}",
-                            ]
-                        ],
-                    )
-                )
-        elif s["id"] == "submission":
-            b.append(_blk("text", "neuronfrontier check", "this installation",
-                          text="The live check exports a cpu-micro submission and runs `neuronfrontier check` on it."))
-        if s["id"] in ("muon", "ablation") and not ablation:
-            b.append(
-                _blk("text", "README.md", "missing", text="No ablation table found in the README's Numbers section.")
-            )
+        try: b = STEP_BLOCKS[s["id"]](ctx)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError) as e:
+            b = [_blk("text", f"the files of step {s['id']}", "unreadable",
+                      text=f"A results file of this step lacks what it reads ({type(e).__name__}: {e}).")]
         steps.append(dict(s, measured=b))
     return steps
 
@@ -730,7 +860,7 @@ def run_check(name: str, data) -> dict:
     try:
         ok, out = LIVE_CHECKS[name][1](data)
     except Exception as e:
-        ok, out = False, f"error: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        ok, out = False, f"error: {type(e).__name__}: {first_line(e)}"
     return dict(name=name, title=LIVE_CHECKS[name][0], ok=ok, output=out, seconds=round(time.perf_counter() - t0, 2))
 
 # %% ../nbs/70_dashboard.ipynb #e4e751ac
@@ -1020,7 +1150,9 @@ def _tour_router(st: _AppState):
     r = APIRouter()
 
     @r.get("/api/tour")
-    def tour_(): return tour(st.root, st.report())
+    def tour_():
+        rep = st.report()             # sets the cache's path of the report it read
+        return tour(st.root, rep, report_path=st.cache.get("path") if rep is not None else None)
 
     @r.post("/api/checks/{cname}")
     async def check(cname: str, x_nf_token: str | None = Header(None)):

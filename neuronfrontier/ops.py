@@ -4,15 +4,15 @@
 
 # %% ../nbs/03_ops.ipynb #f6700fe9
 from __future__ import annotations
-import contextlib, importlib, warnings
+import contextlib, functools, importlib, warnings
 import torch
 import torch.nn.functional as F
 from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend', 'backend_for',
-           'backend_table', 'kernel_dtype', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy', 'moe_mlp',
-           'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask']
+           'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy',
+           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
@@ -120,6 +120,31 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     "The dtype of a kernel's matmul operands for activations `x`: autocast's while it is on for x's device, else x's."
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+# %% ../nbs/03_ops.ipynb #2f517c0f
+def kernel_op(bodies, setup_context, backward, launch, nki_op=None):
+    """The differentiable op of a forward/backward kernel pair: `bodies(launch)` → (forward body, backward body);
+    with `nki_op` (TorchNeuron's) two custom operators, the backward registered on the forward; else an
+    `autograd.Function`'s `apply`."""
+    fwd, bwd = bodies(launch)
+    if nki_op is not None:
+        fwd, bwd = (nki_op(f"neuronfrontier::{f.__name__}", mutates_args={})(f) for f in (fwd, bwd))
+        fwd.register_autograd(functools.partial(backward, bwd), setup_context=setup_context)
+        return fwd
+
+    class KernelFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            inputs = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in inputs)   # as custom ops see them
+            output = fwd(*inputs)
+            setup_context(ctx, inputs, output)   # the custom operator's hook, called here by hand
+            return output
+
+        @staticmethod
+        def backward(ctx, *grads): return backward(bwd, ctx, *grads)
+
+    KernelFunction.__name__ = KernelFunction.__qualname__ = fwd.__name__
+    return KernelFunction.apply
 
 # %% ../nbs/03_ops.ipynb #99e9b258
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -8,10 +8,11 @@ import contextlib, copy, math, signal, sys, threading, time
 from dataclasses import dataclass
 import torch
 from . import ops
+from .config import first_line
 
 # %% auto #0
 __all__ = ['DEFAULT_TOL', 'SLOWER_SLACK', 'SAVE_BYTES_PER_S', 'Faults', 'parse_faults', 'faulty_impl', 'install_kernel_faults',
-           'capture_op_calls', 'first_line', 'check_op', 'preflight', 'preflight_line', 'HostSnapshot', 'time_limit',
+           'capture_op_calls', 'check_op', 'preflight', 'preflight_line', 'HostSnapshot', 'time_limit',
            'save_reserve_s']
 
 # %% ../nbs/25_resilience.ipynb #00f9a9b8
@@ -93,10 +94,6 @@ def capture_op_calls(model, x, y, ops_wanted, autocast_ctx) -> dict:
     finally:
         for op, fn in saved.items(): ops._IMPLS[op]["torch"] = fn
     return seen
-
-def first_line(e: BaseException, limit: int = 160) -> str:
-    "The first line of an exception's message, at most `limit` characters ('' for an empty message)."
-    return (str(e).strip().splitlines() or [""])[0][:limit]
 
 def _rel(a, b) -> float:
     "max|a - b| / max|b| in fp64 (inf where a is not finite)."

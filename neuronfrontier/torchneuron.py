@@ -8,9 +8,12 @@ import contextlib, functools, itertools, os, types, warnings
 from dataclasses import dataclass, field
 import torch
 from .hw import logical_cores
+from .config import first_line
 from . import sim
 from .sim import (simulate, shape_only, last_trace, Kernel, InstructionLimitWarning,
-                                NKIDeprecationWarning, _valueless)
+                                NKIDeprecationWarning)
+from .sim.language import _valueless
+from .sim.trace import _LAST
 
 # %% auto #0
 __all__ = ['KernelCall', 'KernelFailure', 'TorchNeuronStandIn']
@@ -63,7 +66,7 @@ def _zeros(spec, device):
 
 def _failure_reason(e: BaseException) -> str:
     "One line: the exception type and the first line of its message."
-    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    msg = first_line(e, limit=10_000)
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 # %% ../nbs/17_torchneuron.ipynb #ab3faf0a
@@ -166,7 +169,7 @@ def _launch(self, kernel, lnc, *args, via="wrap_nki"):
         self.calls.append(call)
         if not call.ok: raise KernelFailure(call)
         return _zeros(spec, "meta" if any(t.device.type == "meta" for t in tensors) else None)
-    sim._LAST[0], out = None, None
+    _LAST[0], out = None, None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", InstructionLimitWarning)   # over the compiler's limit: a failure

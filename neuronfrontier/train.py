@@ -10,12 +10,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict
+from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line
 from .data import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader,
                                  val_batches, unigram_bpb)
 from .model import GPT
 from .optim import build_optimizers, lr_multiplier, apply_schedule
-from .resilience import (first_line, parse_faults, install_kernel_faults, preflight, preflight_line,
+from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
 from .clock import hw_name, synchronize, Watchdog, Clock
 from .distributed import init_distributed, rank_rows, agree_max, DataParallel, parallelize

@@ -1,12 +1,13 @@
 """The dashboard's API: the SSE feed of metrics.jsonl, the token rules, path validation, garbage lines, the kernels
-report, and `neuronfrontier dashboard` off loopback. The page itself is tested in Chromium (test_dashboard_browser)."""
-import json, os, signal, subprocess, sys, threading, time
+report, the judge tour's results files (and `benchmarks/ablation.py --json`, which writes them), and `neuronfrontier
+dashboard` off loopback. The page itself is tested in Chromium (test_dashboard_browser)."""
+import json, os, shutil, signal, statistics, subprocess, sys, threading, time
 from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 from conftest import ROOT, cli, free_port
-from neuronfrontier.dashboard import make_app, read_new, run_summary, Launcher, LOOPBACK, _check_ablation
+from neuronfrontier.dashboard import make_app, read_new, run_summary, Launcher, LOOPBACK, RESULTS, _check_ablation, tour
 
 TOKEN = "t0ken-for-tests"
 STATE_CHANGING = [("/api/launch", {"config": "cpu-micro"}), ("/api/runs/r1/stop", None), ("/api/checks/tile", None)]
@@ -148,17 +149,110 @@ def test_committed_kernels_report_is_current_schema():
         assert len(k["timeline"]["sbuf"]) <= 1200
 
 
-def test_tour_reads_measurements_from_files(runs, tmp_path):
+def _texts(step: dict, name: str) -> list[str]:
+    "The text blocks of a tour step formatted from the results file `name`."
+    return [b["text"] for b in step["measured"] if b.get("file") == f"nbs/results/{name}" and b["kind"] == "text"]
+
+
+def _pm(xs): return f"{statistics.mean(xs):.4f} ± {statistics.stdev(xs):.4f}"
+
+
+def test_tour_api_serves_steps_with_labelled_blocks(runs):
+    "/api/tour: the TOUR entries, each with `measured` blocks the page renders (kind, source, label; text or a table)."
     with TestClient(make_app(runs, ".", TOKEN)) as c:
         steps = c.get("/api/tour").json()
     assert [s["id"] for s in steps] == ["tiles", "kernels", "muon", "ablation", "speedrun", "submission"]
-    readme = (ROOT / "README.md").read_text()
-    abl = steps[3]["measured"][0]
-    assert abl["kind"] == "table" and all(f"| {' | '.join(r)} |" in readme for r in abl["rows"])   # verbatim from the README
-    assert "measured on CPU" in abl["label"]
-    kern = [b["source"] for b in steps[1]["measured"] if b["kind"] == "text"]     # the kernel notebooks' paragraphs were found
-    assert kern == ["nbs/13_kernel_swiglu.ipynb", "nbs/14_kernel_attention.ipynb"], kern
-    assert all("claim" in s and s["claim_by"] for s in steps)
+    assert all("claim" in s and s["claim_by"] and s["measured"] for s in steps)
+    for b in (b for s in steps for b in s["measured"]):
+        assert b["kind"] in ("text", "table") and b["source"] and b["label"] not in ("missing", "unreadable"), b
+        assert isinstance(b["text"], str) if b["kind"] == "text" else len(b["header"]) == len(b["rows"][0])
+    assert "measured in the simulator" in steps[1]["measured"][0]["label"]     # the kernels report's own labels
+
+
+def test_tour_numbers_come_from_the_results_files_not_the_readme(runs, tmp_path):
+    "A README without its Numbers section leaves the tour as it was; a changed results file changes it."
+    repo = tmp_path / "repo"
+    (repo / "nbs").mkdir(parents=True)
+    shutil.copytree(ROOT / "nbs" / "results", repo / "nbs" / "results")
+    (repo / "README.md").write_text("# NeuronFrontier-LM\n\nReworded: no Numbers section, no tables, no paragraphs.\n")
+    steps = {s["id"]: s for s in tour(runs, None, repo=repo)}
+    assert steps == {s["id"]: s for s in tour(runs, None, repo=ROOT)}
+    res = repo / "nbs" / "results"
+    fa = json.loads((res / "frontier_ablation.json").read_text())
+    abl = steps["ablation"]["measured"][1]
+    assert abl["kind"] == "table" and abl["label"] == fa["meta"]["label"] and "measured on CPU" in abl["label"]
+    assert [r[:3] for r in abl["rows"]] == [[s["setting"], f"{s['val_bpb_mean']:.4f} ± {s['val_bpb_sd']:.4f}",
+                                             f"{s['delta']:+.4f}"] for s in fa["summary"]]
+    assert "earlier `frontier` recipe" in steps["muon"]["measured"][0]["text"]
+    assert "earlier `frontier` recipe" in steps["ablation"]["measured"][0]["text"]
+
+    name = "speedrun_ramp_fixed_steps.json"
+    ramp = json.loads((res / name).read_text())
+    v = lambda d, n: [r["val_bpb"] for r in d["rows"] if r["setting"] == n]
+    ramp100 = "kit + momentum ramp 100"
+    said = f"kit {_pm(v(ramp, 'kit'))} vs {ramp100} {_pm(v(ramp, ramp100))} at 460 steps, 3 seeds"
+    [text] = _texts(steps["speedrun"], name)
+    assert said in text and ramp["meta"]["date"] in next(b["source"] for b in steps["speedrun"]["measured"]
+                                                         if b.get("file") == f"nbs/results/{name}")
+    ramp["rows"][0]["val_bpb"] += 0.1                       # kit, seed 0
+    (res / name).write_text(json.dumps(ramp))
+    [text2] = _texts({s["id"]: s for s in tour(runs, None, repo=repo)}["speedrun"], name)
+    assert text2 != text and f"kit {_pm(v(ramp, 'kit'))} vs" in text2
+    for name in ("speedrun_vs_kit.json", "speedrun_kit_changes.json"):   # a file without a label: its machine
+        d = json.loads((res / name).read_text())
+        assert {b["label"] for b in steps["speedrun"]["measured"] if b.get("file") == f"nbs/results/{name}"} == {
+            f"measured on {d['meta']['machine']}"}
+
+
+def test_a_missing_results_file_gives_a_block_naming_its_command(tmp_path):
+    res = tmp_path / "results"
+    shutil.copytree(ROOT / "nbs" / "results", res)
+    (res / "speedrun_vs_kit.json").unlink()
+    (res / "kernels_report.json").unlink()
+    steps = {s["id"]: s for s in tour(None, None, results=res)}
+    [miss] = [b for b in steps["speedrun"]["measured"] if b["label"] == "missing"]
+    assert miss["file"] == "nbs/results/speedrun_vs_kit.json" and miss["command"] == RESULTS["speedrun_vs_kit.json"]
+    assert 'python benchmarks/ablation.py --variants kit "kit + heads of 64"' in miss["text"]
+    assert _texts(steps["speedrun"], "speedrun_ramp_fixed_steps.json")          # the other files still count
+    [k] = steps["kernels"]["measured"]
+    assert k["label"] == "missing" and "neuronfrontier kernels-report --config dense-124m" in k["text"]
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    blocks = [b for s in tour(None, None, results=empty) for b in s["measured"]]
+    gone = {b["file"]: b["text"] for b in blocks if b["label"] == "missing"}
+    assert set(gone) == {f"nbs/results/{n}" for n in RESULTS} and all(RESULTS[f[12:]] in t for f, t in gone.items())
+
+    (res / "frontier_ablation.json").write_text('{"meta": {}, "rows": [{"setting": "frontier"}]}')   # no numbers
+    steps = {s["id"]: s for s in tour(None, None, results=res)}
+    assert [b["label"] for b in steps["ablation"]["measured"]] == ["unreadable"]
+
+
+def test_ablation_json_is_the_file_the_tour_reads(pydocs, tmp_path):
+    "`benchmarks/ablation.py --json` writes meta, rows and summary; the tour shows them with the file's label."
+    res = tmp_path / "results"
+    args = ["--config", "cpu-micro", "--steps", "2", "--seeds", "0", "1", "--variants", "baseline", "frontier",
+            "--jobs", "2", "--threads", "1", "--data", str(pydocs), "--out", str(tmp_path / "abl"),
+            "--set", "eval_tokens=4096", "--machine", "the test machine", "--json", str(res / "frontier_ablation.json")]
+    r = subprocess.run([sys.executable, "benchmarks/ablation.py", *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = json.loads((res / "frontier_ablation.json").read_text())
+    m = d["meta"]
+    assert m["command"].startswith("python benchmarks/ablation.py --config cpu-micro") and m["steps"] == 2
+    assert m["label"] == f"measured on {'CPU' if m['device'] == 'cpu' else m['device']} (the test machine)"
+    assert (m["reference"], m["jobs"], m["threads"], m["seeds"]) == ("baseline", 2, 1, [0, 1]) and m["date"]
+    assert sorted((x["setting"], x["seed"]) for x in d["rows"]) == [("baseline", 0), ("baseline", 1), ("frontier", 0),
+                                                                    ("frontier", 1)]
+    assert all("run_dir" not in x for x in d["rows"])
+    assert [s["setting"] for s in d["summary"]] == ["baseline", "frontier"] and d["summary"][0]["delta"] == 0
+
+    steps = {s["id"]: s for s in tour(None, None, results=res)}
+    note, tab, text, qk = steps["ablation"]["measured"]
+    assert tab["label"] == m["label"] and [row[0] for row in tab["rows"]] == ["baseline", "frontier"]
+    fr = sorted((x for x in d["rows"] if x["setting"] == "frontier"), key=lambda x: x["seed"])
+    assert tab["rows"][1][3] == ", ".join(f"{x['val_bpb']:.4f}" for x in fr)
+    assert "at 2 steps, 2 seeds: frontier − baseline" in text["text"] and qk["label"] == "missing"
 
 
 def test_dashboard_off_loopback_prints_a_token_and_requires_it(tmp_path):

@@ -114,6 +114,11 @@ def test_dashboard_in_chromium(dashboard):
         page.click("#tour-next")
         expect(page.locator("#tour-step")).to_have_attribute("data-step", "kernels")
         shot(page, "6-tour-kernels.png")
+        page.goto(url + "#/tour/4")                   # the speedrun step: sentences formatted from nbs/results/*.json
+        expect(page.locator("#tour-step")).to_have_attribute("data-step", "speedrun")
+        expect(page.locator("#tour-step")).to_contain_text("nbs/results/speedrun_ramp_fixed_steps.json")
+        expect(page.locator("#tour-step")).to_contain_text("at 460 steps, 3 seeds")
+        shot(page, "6b-tour-speedrun.png")
 
         # a sweep directory: its table, the Pareto plot, the runs it launched
         page.goto(url + "#/sweep/sweep-lr")

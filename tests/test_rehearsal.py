@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from neuronfrontier import submission as S
+from neuronfrontier import bundler as B
 from neuronfrontier.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_OPS
 
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     "cpu-micro in bf16 (autocast), exported without the memory plan: 2 × 512 tokens per rank."
-    return S.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", sets=["dtype=bf16"], fit=False)
+    return B.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", sets=["dtype=bf16"], fit=False)
 
 
 def _edited(src: Path, dst: Path, rel: str, old: str, new: str) -> Path:
@@ -96,8 +96,7 @@ def test_a_step_that_does_not_fit_one_ranks_hbm(micro, tmp_path):
 
 def test_an_op_that_escapes_autocast(micro, tmp_path):
     "Without the wrapper's cast, SwiGLU gets the fp32 RMSNorm output under bf16 autocast: fp32 matmuls, a failure."
-    cast = ("        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: "
-            "TorchNeuron does not autocast a custom operator\n")
+    cast = "    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a custom operator is not autocast\n"
     d = _edited(micro, tmp_path / "fp32", "nf_kernels/kernels/swiglu.py", cast, "")
     rep = rehearse(d, nproc=2, lnc=1)
     bad = _failed(rep)
@@ -109,9 +108,10 @@ def test_an_op_that_escapes_autocast(micro, tmp_path):
 def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
     """The backward as the previous release launched it — every token of the rank in one call — at d_model 768
     (dense-124m's width) and 4,096 tokens a rank: its own SBUF precondition refuses it; the rehearsal names it."""
-    d = S.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
-    chunked = "        return swiglu_backward(x, wg.to(x.dtype), wu.to(x.dtype), dh, launch, lnc)   # dW: fp32 sums\n"
-    whole = ("        dx, g, u = swiglu_bwd_kernel[lnc](x, wg.to(x.dtype), wu.to(x.dtype), dh)\n"   # directly, as then
+    d = B.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
+    chunked = ("        return swiglu_backward(x, wg, wu, dh, launch(swiglu_bwd_kernel), logical_cores())"
+               "   # dW: fp32 sums\n")
+    whole = ("        dx, g, u = swiglu_bwd_kernel[logical_cores()](x, wg, wu, dh)\n"   # directly, as then
              "        return dx, g.sum(0), u.sum(0)\n")
     old = _edited(d, tmp_path / "old", "nf_kernels/kernels/swiglu.py", chunked, whole)
     assert rehearse(d, nproc=8, lnc=1)["passed"]   # the chunked backward of this release

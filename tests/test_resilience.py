@@ -9,7 +9,7 @@ import torch
 from conftest import cli
 from neuronfrontier import clock, ops
 from neuronfrontier import train as T
-from neuronfrontier import submission as S
+from neuronfrontier import bundler as B
 from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer
 from neuronfrontier.config import resolve
 from neuronfrontier.resilience import time_limit
@@ -169,7 +169,7 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     """The done-when, every fault in one run: torchrun --nproc_per_node 2 train.py of a cpu-micro export with a NaN, a
     kernel that raises, a kernel that is wrong, a slow disk and a slow start ends within its wall budget with a finite
     model.pt whose val_bpb, scored through the export's load_for_eval, is below the unigram baseline."""
-    d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
+    d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
                  data_dir=pydocs, tokenizer_dir=pydocs / "tokenizer", fit=False)
     budget = 40
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1",
@@ -199,7 +199,7 @@ def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, bud
     "Each fault alone, as the issue states them: within the budget, a finite model.pt below the unigram baseline."
     # a start-up delay: a warm-up of 10% of what is left (~3 s, ~10 steps here) and every step logged, so its start shows
     sets = ["warmup_frac=0.1", "log_every=1"] if fault.startswith("startup") else ["log_every=5"]
-    d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,
+    d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,
                  tokenizer_dir=pydocs / "tokenizer", fit=False)
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1", NF_FAULT=fault)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"],

@@ -816,6 +816,21 @@ def test_real_nki_is_used_when_importable(tmp_path):
     assert out == ['True', 'nki.language', 'nki.isa', 'real-simulate']
 
 
+def test_the_facade_reaches_and_instruments_the_submodules():
+    "`neuronfrontier.sim` is a package: an internal read through it comes from its submodule, one assigned through it is rebound there."
+    from neuronfrontier.sim import isa, language, trace
+    assert sim._hbm_count is isa._hbm_count and sim._LAST is trace._LAST and sim._valueless is language._valueless
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"): sim.no_such_name
+    orig, writes = sim._hbm_count, []
+    sim._hbm_count = lambda tr, t, write: writes.append((write, t.buffer.name)) or orig(tr, t, write)   # as notebook 15 does
+    try:
+        simulate(tiled_add)(np.ones((128, 8), np.float32), np.ones((128, 8), np.float32))
+    finally:
+        sim._hbm_count = orig
+    assert [b for w, b in writes if w] == ['sbuf', 'sbuf', 'shared_hbm']   # two nl.load, one nl.store
+    assert isa._hbm_count is orig and '_hbm_count' not in vars(sim)
+
+
 # ---------------------------------------------------------------- what NKI 0.7 and 0.8 changed, enforced
 def test_removed_names_say_what_replaces_them():
     assert not hasattr(nl, 'dynamic_range')                  # removed in 0.7: an AttributeError that says what to use

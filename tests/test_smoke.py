@@ -78,6 +78,25 @@ def _sim(data):
     assert last_trace() is not None
 
 
+def _sim_isa(data):
+    from neuronfrontier.sim.trace import full
+    from neuronfrontier.sim.isa import _OPS, tensor_tensor
+    a = full((128, 4), 2.0, "float32")
+    tensor_tensor(a, a, a, _OPS["multiply"])  # one Vector instruction, outside a kernel
+    assert a._data.min() == a._data.max() == 4.0
+
+
+def _sim_language(data):
+    from neuronfrontier.sim.language import jit, dry_run, emu_nl as nl
+
+    @jit
+    def copy(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(x))
+        return out
+    assert dry_run(copy)(torch.zeros(128, 4)).dma_count == 2
+
+
 def _moe(data):
     from dataclasses import replace
     from neuronfrontier.config import CONFIGS
@@ -88,9 +107,23 @@ def _moe(data):
     assert torch.isfinite(m.loss(x, x)) and set(m.moe_stats()) >= {"moe_load", "moe_imbalance", "moe_dropped"}
 
 
-def _submission(data):
-    from neuronfrontier.submission import bundle, check_launch, launch_line
-    assert check_launch(launch_line(8, 1))[0] and "def load_for_eval(" in bundle("cpu-micro", data_dir=data, tokenizer_dir=data / "tokenizer")
+def _bundler(data):
+    from neuronfrontier.bundler import bundle
+    assert "def load_for_eval(" in bundle("cpu-micro", data_dir=data, tokenizer_dir=data / "tokenizer")
+
+
+def _contract(data):
+    from neuronfrontier.bundler import launch_line
+    from neuronfrontier.contract import check_launch
+    assert check_launch(launch_line(8, 1))[0]
+
+
+def _submission(data, tmp=None):
+    import tempfile
+    from neuronfrontier.submission import submission_main
+    with tempfile.TemporaryDirectory() as out:   # a missing data directory: the one-line error, exit code 2
+        assert submission_main(["--data", f"{out}/none", "--tokenizer", str(data / "tokenizer"), "--out", out,
+                                "--steps", "1", "--quiet", "--device", "cpu"]) == 2
 
 
 def _torchneuron(data):
@@ -148,11 +181,17 @@ CALLS = {
     "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.sim": _sim,
+    "neuronfrontier.sim.tensor": lambda data: importlib.import_module("neuronfrontier.sim.tensor")._dtype("bfloat16"),
+    "neuronfrontier.sim.trace": lambda data: importlib.import_module("neuronfrontier.sim.trace").zeros((128, 4), "float32"),
+    "neuronfrontier.sim.isa": _sim_isa,
+    "neuronfrontier.sim.language": _sim_language,
     "neuronfrontier.torchneuron": _torchneuron,
     "neuronfrontier.rehearsal": _rehearsal,
     "neuronfrontier.resilience": lambda data: importlib.import_module("neuronfrontier.resilience").parse_faults("nan@3").nan_at == 3,
     "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
     "neuronfrontier.submission": _submission,
+    "neuronfrontier.bundler": _bundler,
+    "neuronfrontier.contract": _contract,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(

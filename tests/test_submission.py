@@ -7,7 +7,8 @@ import torch
 from conftest import cli
 from neuronfrontier.data import find_shards, load_tokenizer, val_batches
 from neuronfrontier.evaluate import evaluate_bpb
-from neuronfrontier import submission as S
+from neuronfrontier import bundler as B
+from neuronfrontier import contract as C
 from neuronfrontier.cli import main
 
 FAST = ["--set", "eval_tokens=16384"]
@@ -32,7 +33,7 @@ def sub(pydocs, tmp_path_factory):
 def test_train_py_is_self_contained_and_generated(sub):
     d, _ = sub
     src = (d / "train.py").read_text()
-    assert S.scan_imports(src) == [] and S.unresolved_names(src) == []
+    assert B.scan_imports(src) == [] and B.unresolved_names(src) == []
     assert "neuronfrontier" not in "".join(l for l in src.splitlines() if "import" in l)
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
     # sections in notebook order, comments kept, package prefixes gone; ops.backend_for and config.resolve both kept
@@ -45,7 +46,7 @@ def test_train_py_is_self_contained_and_generated(sub):
     # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
     assert "_KERNEL_MODULES = ('nf_kernels',)" in src
     for n in ("rmsnorm", "swiglu", "attention", "cross_entropy"):
-        assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == S._kernel_source(n)
+        assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == B._kernel_source(n)
     assert not (d / "nf_kernels" / "kernels" / "moe.py").exists()   # a dense model never calls the MoE kernel
 
 
@@ -54,7 +55,7 @@ def test_an_moe_submission_trains_and_ships_the_expert_kernel(pydocs, tmp_path):
     d = tmp_path / "moe"
     r = cli("export", "--config", "cpu-tiny-moe", "--data", pydocs, "--out", d, "--set", "eval_tokens=4096")
     assert r.returncode == 0, r.stderr
-    assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == S._kernel_source("moe")
+    assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == B._kernel_source("moe")
     p = subprocess.run([sys.executable, "train.py", "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"], cwd=d, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "val_bpb=" in p.stdout, p.stderr[-3000:]
     res = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -148,7 +149,7 @@ def test_check_fails_each_broken_fixture(sub, tmp_path, name):
     shutil.copytree(sub[0], d)
     p = d / fname
     p.write_text(p.read_text() + edit if fname.endswith(".py") else edit)
-    rows = {n: (ok, reason) for n, ok, reason in S.check(d, rehearse_it=False)}   # the rehearsal: tests/test_rehearsal.py
+    rows = {n: (ok, reason) for n, ok, reason in C.check(d, rehearse_it=False)}   # the rehearsal: tests/test_rehearsal.py
     failed = [n for n, (ok, _) in rows.items() if not ok]
     print(name, "->", {n: rows[n] for n in failed})
     assert not rows[row][0] and why in rows[row][1], rows[row]
@@ -173,13 +174,13 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
 
 def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
     "A module left out of the bundle fails the export, even one imported only for what it registers (the loss)."
-    full = S.BUNDLED
-    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in full if m != "loss"))
-    with pytest.raises(S.ExportError, match=r"model.py imports neuronfrontier.loss, which a submission does not bundle"):
-        S.bundle("cpu-micro")
-    monkeypatch.setattr(S, "BUNDLED", tuple(m for m in full if m != "evaluate"))
-    with pytest.raises(S.ExportError, match=r"neuronfrontier.evaluate, which a submission does not bundle"):
-        S.bundle("cpu-micro")
+    full = B.BUNDLED
+    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "loss"))
+    with pytest.raises(B.ExportError, match=r"model.py imports neuronfrontier.loss, which a submission does not bundle"):
+        B.bundle("cpu-micro")
+    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "evaluate"))
+    with pytest.raises(B.ExportError, match=r"neuronfrontier.evaluate, which a submission does not bundle"):
+        B.bundle("cpu-micro")
 
 
 def test_probes_that_cannot_see_say_not_probed(sub, tmp_path):
@@ -191,10 +192,10 @@ def test_probes_that_cannot_see_say_not_probed(sub, tmp_path):
     mcfg, _ = mod.resolve(mod.CONFIG, mod.RECIPE, mod.SETS)
     torch.manual_seed(0)
     ck = mod.save_model(tmp_path / "untrained.pt", mod.GPT(mcfg))
-    rows = {n: (ok, why) for n, ok, why in S.check(d, checkpoint=ck, rehearse_it=False)}
+    rows = {n: (ok, why) for n, ok, why in C.check(d, checkpoint=ck, rehearse_it=False)}
     for n in ("causal", "batch independent"):
         assert rows[n][0] is None and rows[n][1].startswith("not probed: the logits at a position do not move"), rows[n]
     assert rows["finite"][0] is True
-    table = S.check_table(list((n, ok, why) for n, (ok, why) in rows.items()))
+    table = C.check_table(list((n, ok, why) for n, (ok, why) in rows.items()))
     print(table)
     assert "causal             n/a " in table and "fix: causal, batch independent" in table

@@ -11,7 +11,7 @@ from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['NEG', 'KB', 'NKI_REGISTERED', 'TOL', 'sbuf_bytes', 'kv_resident', 'flash_fwd_kernel', 'flash_bwd_kernel',
-           'check_args', 'FlashAttentionSim', 'attention_nki_sim', 'hbm_traffic']
+           'check_args', 'attention_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/14_kernel_attention.ipynb #fb3b249a
 def _isz(t):
@@ -339,34 +339,47 @@ def _rows(x, transposed=False):
     x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
     return (x3.transpose(1, 2) if transposed else x3).contiguous()
 
-class FlashAttentionSim(torch.autograd.Function):
-    "Causal attention through the simulated NKI kernels: forward saves O and the log-sum-exp, backward recomputes P."
-    @staticmethod
-    def forward(ctx, q, k, v, window):
-        B, H, T, d = q.shape
-        qT, kT, v3 = _rows(q, True), _rows(k, True), _rows(v)
-        o, lse = simulate(flash_fwd_kernel[logical_cores()])(qT, kT, v3, 0, window)
-        ctx.save_for_backward(qT, kT, v3, o, lse)            # the backward reads the forward's inputs as they are
-        ctx.window = window
-        return o.view(B, H, T, d)
+def _bodies(launch):
+    """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: qT, kT [BH, d, T],
+    v [BH, T, d]; sbuf_budget 0 (the whole SBUF)."""
+    def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor,
+                            window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(flash_fwd_kernel)(qT, kT, v, 0, window)
 
-    @staticmethod
-    def backward(ctx, do):
-        qT, kT, v3, o, lse = ctx.saved_tensors
-        B, H, T, d = do.shape
-        do3 = _rows(do.to(v3.dtype))
-        dsum = (do3.float() * o.float()).sum(-1, keepdim=True)            # D = rowsum(dO ⊙ O), fp32
-        dq, dk, dv = simulate(flash_bwd_kernel[logical_cores()])(qT, kT, v3, do3, lse, dsum, 0, ctx.window)
-        return dq.view(B, H, T, d), dk.view(B, H, T, d), dv.view(B, H, T, d), None
+    def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
+                            dsum: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return launch(flash_bwd_kernel)(qT, kT, v, do, lse, dsum, 0, window)
+    return flash_attention_fwd, flash_attention_bwd
+
+def _setup(ctx, inputs, output):
+    qT, kT, v, window = inputs
+    o, lse = output
+    ctx.save_for_backward(qT, kT, v, o, lse)   # the forward's inputs as they are: the backward recomputes P from them
+    ctx.window = window
+
+def _backward(bwd, ctx, do, dlse):
+    qT, kT, v, o, lse = ctx.saved_tensors
+    do = do.to(v.dtype).contiguous()
+    dsum = (do.float() * o.float()).sum(-1, keepdim=True)            # D = rowsum(dO ⊙ O), fp32
+    dq, dk, dv = bwd(qT, kT, v, do, lse, dsum, ctx.window)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv, None   # gradients w.r.t. qT, kT, v (none for the window)
+
+def _attention(op, backend, q, k, v, causal, window):
+    "`attention` by the kernel op `op`: q, k, v cast to autocast's dtype and laid out as the kernels read them."
+    dt = ops.kernel_dtype(q)   # a kernel is not autocast by itself
+    q, k, v = q.to(dt), k.to(dt), v.to(dt)
+    check_args(q, k, v, causal, backend, window)
+    B, H, T, d = q.shape
+    o, _ = op(_rows(q, True), _rows(k, True), _rows(v), T if window is None else window)
+    return o.view(B, H, T, d)
+
+_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("attention", "nki-sim")
 def attention_nki_sim(q, k, v, causal=True, window=None):
     """softmax(q kᵀ/√d_head + causal mask) v for q, k, v [B, H, T, d_head] by the NKI kernels in the CPU simulator;
     with `window` W, query i sees keys i−W … i and the kernels skip the tiles outside the window."""
-    dt = ops.kernel_dtype(q)   # autocast's dtype: a kernel is not autocast by itself
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    check_args(q, k, v, causal, "nki-sim", window)
-    return FlashAttentionSim.apply(q, k, v, q.shape[-2] if window is None else window)
+    return _attention(_SIM_OP, "nki-sim", q, k, v, causal, window)
 
 # %% ../../nbs/14_kernel_attention.ipynb #7a0b41c0
 def _register_nki(tnx=None) -> bool:
@@ -374,42 +387,12 @@ def _register_nki(tnx=None) -> bool:
     unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
-
-    @nki_op("neuronfrontier::flash_attention_fwd", mutates_args={})
-    def flash_attention_fwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor,
-                            window: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return wrap_nki(flash_fwd_kernel)[logical_cores()](qT, kT, v, 0, window)   # sbuf_budget 0: the whole SBUF
-
-    @nki_op("neuronfrontier::flash_attention_bwd", mutates_args={})
-    def flash_attention_bwd(qT: torch.Tensor, kT: torch.Tensor, v: torch.Tensor, do: torch.Tensor, lse: torch.Tensor,
-                            dsum: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return wrap_nki(flash_bwd_kernel)[logical_cores()](qT, kT, v, do, lse, dsum, 0, window)
-
-    def setup_context(ctx, inputs, output):
-        qT, kT, v, window = inputs
-        o, lse = output
-        ctx.save_for_backward(qT, kT, v, o, lse)
-        ctx.window = window
-
-    def backward(ctx, do, dlse):
-        qT, kT, v, o, lse = ctx.saved_tensors
-        do = do.to(v.dtype).contiguous()
-        dsum = (do.float() * o.float()).sum(-1, keepdim=True)
-        dq, dk, dv = flash_attention_bwd(qT, kT, v, do, lse, dsum, ctx.window)   # the forward's inputs, no copies
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv, None   # gradients w.r.t. qT, kT, v (none for the window)
-
-    flash_attention_fwd.register_autograd(backward, setup_context=setup_context)
+    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("attention", "nki")
     def attention_nki(q, k, v, causal=True, window=None):
-        "Causal (or sliding-window) attention by the NKI kernels on a NeuronCore: a custom op with its backward."
-        dt = ops.kernel_dtype(q)   # autocast's dtype: TorchNeuron does not autocast a custom operator
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        check_args(q, k, v, causal, "nki", window)
-        B, H, T, d = q.shape
-        o, _ = flash_attention_fwd(_rows(q, True), _rows(k, True), _rows(v), T if window is None else window)
-        return o.view(B, H, T, d)
+        "Causal (or sliding-window) attention by the NKI kernels on a NeuronCore."
+        return _attention(op, "nki", q, k, v, causal, window)
     return True
 
 NKI_REGISTERED = _register_nki()

@@ -11,7 +11,7 @@ from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'TOL', 'NKI_REGISTERED', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel',
-           'check_args', 'CrossEntropySim', 'cross_entropy_nki_sim', 'hbm_traffic']
+           'check_args', 'cross_entropy_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #b6af9715
 VT = FMAX          # vocabulary columns per tile: one fp32 PSUM bank per partition
@@ -318,52 +318,54 @@ def _matmul_dtype(h):
     dt = ops.kernel_dtype(h)
     return dt if dt in (torch.float32, torch.bfloat16) else torch.float32
 
-def _prepare(h, w_head, targets):
-    "Cast to one matmul dtype (`_matmul_dtype`), pad N to a multiple of 128 (targets -1)."
-    dt = _matmul_dtype(h)
-    N, d = h.shape
-    Np = -(-N // PMAX) * PMAX
-    hp = torch.zeros(Np, d, dtype=dt, device=h.device)
-    hp[:N] = h.detach()
-    tp = torch.full((Np, 1), -1, dtype=torch.int32, device=h.device)
-    tp[:N, 0] = targets
-    w = w_head.detach().to(dt).contiguous()
-    return hp, w, tp
-
 def _reduce(nll, targets, reduction):
     if reduction == "none": return nll
     if reduction == "sum": return nll.sum()
     return nll.sum() / (targets >= 0).sum().clamp_min(1)   # mean over the counted tokens
 
-class CrossEntropySim(torch.autograd.Function):
-    "Per-token cross-entropy whose forward and backward run the NKI kernels in the CPU simulator."
-    @staticmethod
-    def forward(ctx, h, w_head, targets, softcap, vocab_size, block_tiles):
-        N, d, V, vs = check_args(h, w_head, targets, softcap, vocab_size=vocab_size)
-        hp, w, tp = _prepare(h, w_head, targets)
-        lnc = logical_cores()
-        bt_f = block_tiles or _block_tiles(N, d, hp.element_size(), backward=False, lnc=lnc)
-        bt_b = block_tiles or _block_tiles(N, d, hp.element_size(), backward=True, lnc=lnc)
-        c = float(softcap or 0.0)
-        loss, lse = simulate(cross_entropy_fwd_kernel[lnc])(hp, w, tp, vs, c, bt_f)
-        ctx.save_for_backward(hp, w, tp, lse)
-        ctx.meta = (N, vs, c, bt_b, lnc, h.dtype, w_head.dtype)
-        return loss[:N, 0]
+def _bodies(launch):
+    """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: h [Np, d] in the matmul dtype,
+    w [V, d] as it is (cast inside: nothing extra is saved), targets [Np, 1] int32 (-1: not counted)."""
+    def cross_entropy_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, vocab_size: int, softcap: float,
+                          fwd_tiles: int, bwd_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(cross_entropy_fwd_kernel)(h, w.to(h.dtype).contiguous(), targets, vocab_size, softcap, fwd_tiles)
 
-    @staticmethod
-    def backward(ctx, grad_nll):
-        hp, w, tp, lse = ctx.saved_tensors
-        N, vs, c, bt, lnc, hdt, wdt = ctx.meta
-        g = torch.zeros(hp.shape[0], 1, dtype=torch.float32)
-        g[:N, 0] = grad_nll.float() * (tp[:N, 0] >= 0)
-        dh, dw = simulate(cross_entropy_bwd_kernel[lnc])(hp, w, tp, lse, g, vs, c, bt)
-        return dh[:N].to(hdt), dw.sum(0).to(wdt), None, None, None, None
+    def cross_entropy_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
+                           vocab_size: int, softcap: float, bwd_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        launched = launch(cross_entropy_bwd_kernel)
+        dh, dw = launched(h, w.to(h.dtype).contiguous(), targets, lse, g, vocab_size, softcap, bwd_tiles)
+        return dh, dw.sum(0)   # fp32: the logical cores' partial sums
+    return cross_entropy_nll, cross_entropy_grad
+
+def _setup(ctx, inputs, output):
+    h, w, targets, vocab_size, softcap, _, bwd_tiles = inputs
+    ctx.save_for_backward(h, w, targets, output[1])   # lse: the backward's softmax needs no second pass over V
+    ctx.meta = (vocab_size, softcap, bwd_tiles)
+
+def _backward(bwd, ctx, grad_loss, grad_lse):
+    h, w, targets, lse = ctx.saved_tensors
+    g = (grad_loss.float() * (targets >= 0)).contiguous()   # padding rows and ignored targets get no gradient
+    dh, dw = bwd(h, w, targets, lse, g, *ctx.meta)
+    return dh, dw.to(w.dtype), None, None, None, None, None
+
+def _cross_entropy(op, backend, h, w_head, targets, softcap, reduction, vocab_size, block_tiles=None):
+    """`cross_entropy` by the kernel op `op`: h cast to the matmul dtype and N padded to a multiple of 128 (targets -1),
+    both differentiably; `block_tiles` (token tiles per block) overrides the SBUF-derived blocking of both kernels."""
+    N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, backend)
+    Np = -(-N // PMAX) * PMAX
+    hp = torch.nn.functional.pad(h.to(_matmul_dtype(h)), (0, 0, 0, Np - N))
+    tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
+    lnc = logical_cores()
+    tiles = [block_tiles or _block_tiles(N, d, hp.element_size(), backward=b, lnc=lnc) for b in (False, True)]
+    loss, _ = op(hp, w_head, tp, vs, float(softcap or 0.0), *tiles)
+    return _reduce(loss[:N, 0], targets, reduction)
+
+_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("cross_entropy", "nki-sim")
 def cross_entropy_nki_sim(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
     "The `cross_entropy` op on the NKI kernels in the CPU simulator (torch reference's signature and semantics)."
-    check_args(h, w_head, targets, softcap, reduction, vocab_size)
-    return _reduce(CrossEntropySim.apply(h, w_head, targets, softcap, vocab_size, None), targets, reduction)
+    return _cross_entropy(_SIM_OP, "nki-sim", h, w_head, targets, softcap, reduction, vocab_size)
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #fbab6659
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -382,47 +384,16 @@ def hbm_traffic(N, d, V, vocab_size=None, itemsize=4, block_tiles=None, lnc=1) -
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ea6f6316
 def _register_nki(tnx=None) -> bool:
-    """Register the kernels as torch custom ops with autograd (`tnx.nki_op`, default the real `torch_neuronx`) and as
-    the `nki` backend of `cross_entropy`; False when torch_neuronx is unavailable."""
+    """Register the `nki` backend through `tnx.nki_op` (default: the real torch_neuronx, trn2 only); False when
+    unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
-
-    @nki_op("neuronfrontier::cross_entropy_nll", mutates_args={})
-    def ce_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor,
-               vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        launch = wrap_nki(cross_entropy_fwd_kernel)[logical_cores()]
-        return launch(h, w.to(h.dtype), targets, vocab_size, softcap, block_tiles)
-
-    @nki_op("neuronfrontier::cross_entropy_grad", mutates_args={})
-    def ce_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-                vocab_size: int, softcap: float, block_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        launch = wrap_nki(cross_entropy_bwd_kernel)[logical_cores()]
-        dh, dw = launch(h, w.to(h.dtype), targets, lse, g, vocab_size, softcap, block_tiles)
-        return dh, dw.sum(0)   # fp32: the logical cores' partial sums
-
-    def setup_context(ctx, inputs, output):
-        h, w, targets, vocab_size, softcap, block_tiles = inputs
-        ctx.save_for_backward(h, w, targets, output[1])
-        ctx.meta = (vocab_size, softcap, _block_tiles(h.shape[0], h.shape[1], h.element_size(), lnc=logical_cores()))
-
-    def backward(ctx, grad_loss, grad_lse):
-        h, w, targets, lse = ctx.saved_tensors
-        g = (grad_loss.float() * (targets >= 0)).contiguous()
-        dh, dw = ce_grad(h, w, targets, lse, g, *ctx.meta)
-        return dh, dw.to(w.dtype), None, None, None, None
-
-    ce_nll.register_autograd(backward, setup_context=setup_context)
+    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("cross_entropy", "nki")
     def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
-        N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, "nki")
-        Np = -(-N // PMAX) * PMAX
-        hp = torch.nn.functional.pad(h.to(_matmul_dtype(h)), (0, 0, 0, Np - N))          # differentiable padding
-        tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
-        loss, _ = ce_nll(hp, w_head, tp, vs, float(softcap or 0.0),
-                         _block_tiles(N, d, hp.element_size(), backward=False, lnc=logical_cores()))
-        return _reduce(loss[:N, 0], targets, reduction)
+        "The `cross_entropy` op on the NKI kernels on a NeuronCore."
+        return _cross_entropy(op, "nki", h, w_head, targets, softcap, reduction, vocab_size)
     return True
 
 NKI_REGISTERED = _register_nki()

@@ -11,8 +11,8 @@ from ..sim import nki, nl, nisa, simulate
 from .swiglu import _isz, _transpose_in
 
 # %% auto #0
-__all__ = ['W_BUDGET', 'BWD_BUDGET', 'NKI_REGISTERED', 'TOL', 'moe_fwd_kernel', 'moe_bwd_kernel', 'check_args', 'MoEMLPSim',
-           'moe_mlp_nki_sim', 'hbm_traffic']
+__all__ = ['W_BUDGET', 'BWD_BUDGET', 'NKI_REGISTERED', 'TOL', 'moe_fwd_kernel', 'moe_bwd_kernel', 'check_args', 'moe_mlp_nki_sim',
+           'hbm_traffic']
 
 # %% ../../nbs/16_kernel_moe.ipynb #87337b3e
 W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for one expert's W_g, W_u, W_d
@@ -220,28 +220,41 @@ def check_args(x, w_gate, w_up, w_down, block_expert, backend="nki-sim"):
         raise ValueError(f"{where}: d={d}, F={F_}: one expert's weights, their transposes and a block's tiles need "
                          f"{_bwd_sbuf(d, F_, x.element_size())} B/partition > the backward's budget of {BWD_BUDGET}")
 
-class MoEMLPSim(torch.autograd.Function):
-    "ops.moe_mlp through the simulated NKI kernels: forward and backward."
-    @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down, block_expert):
-        ws = [w.detach().to(x.dtype).contiguous() for w in (w_gate, w_up, w_down)]
-        x2, be = x.detach().contiguous(), block_expert.to(torch.int32).contiguous()
-        ctx.save_for_backward(x2, *ws, be)
-        ctx.dtypes = (w_gate.dtype, w_up.dtype, w_down.dtype)
-        return simulate(moe_fwd_kernel[logical_cores()])(x2, *ws, be)
+def _bodies(launch):
+    """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [R, d]; the weights as they
+    are, cast to x's dtype inside (nothing extra is saved); be [R/128] int32."""
+    def moe_mlp_fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor,
+                    be: torch.Tensor) -> torch.Tensor:
+        ws = [w.to(x.dtype).contiguous() for w in (wg, wu, wd)]
+        return launch(moe_fwd_kernel)(x, *ws, be)
 
-    @staticmethod
-    def backward(ctx, gy):
-        x2, wg, wu, wd, be = ctx.saved_tensors
-        dx, dwg, dwu, dwd = simulate(moe_bwd_kernel[logical_cores()])(x2, wg, wu, wd, be, gy.to(x2.dtype).contiguous())
-        return (dx, *(g.sum(0).to(dt) for g, dt in zip((dwg, dwu, dwd), ctx.dtypes)), None)
+    def moe_mlp_bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, be: torch.Tensor,
+                    dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        ws = [w.to(x.dtype).contiguous() for w in (wg, wu, wd)]
+        dx, dwg, dwu, dwd = launch(moe_bwd_kernel)(x, *ws, be, dy)
+        return dx, dwg.sum(0), dwu.sum(0), dwd.sum(0)   # fp32: the logical cores' partial sums
+    return moe_mlp_fwd, moe_mlp_bwd
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+def _backward(bwd, ctx, gy):
+    x, wg, wu, wd, be = ctx.saved_tensors
+    dx, dwg, dwu, dwd = bwd(x, wg, wu, wd, be, gy.to(x.dtype).contiguous())
+    return dx, dwg.to(wg.dtype), dwu.to(wu.dtype), dwd.to(wd.dtype), None   # the weights' gradients in their dtype
+
+def _moe_mlp(op, backend, x, w_gate, w_up, w_down, block_expert):
+    "`moe_mlp` by the kernel op `op`: x cast to autocast's dtype (a kernel is not autocast), the table as int32."
+    x = x.to(ops.kernel_dtype(x))
+    check_args(x, w_gate, w_up, w_down, block_expert, backend)
+    return op(x.contiguous(), w_gate, w_up, w_down, block_expert.to(torch.int32).contiguous())
+
+_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("moe_mlp", "nki-sim")
 def moe_mlp_nki_sim(x, w_gate, w_up, w_down, block_expert):
     "The blockwise expert SwiGLU by the NKI kernels in the CPU simulator."
-    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a kernel is not autocast by itself
-    check_args(x, w_gate, w_up, w_down, block_expert)
-    return MoEMLPSim.apply(x, w_gate, w_up, w_down, block_expert)
+    return _moe_mlp(_SIM_OP, "nki-sim", x, w_gate, w_up, w_down, block_expert)
 
 # %% ../../nbs/16_kernel_moe.ipynb #3810f485
 def _register_nki(tnx=None) -> bool:
@@ -249,35 +262,12 @@ def _register_nki(tnx=None) -> bool:
     unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
-
-    @nki_op("neuronfrontier::moe_mlp_fwd", mutates_args={})
-    def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, be: torch.Tensor) -> torch.Tensor:
-        ws = [w.to(x.dtype) for w in (wg, wu, wd)]   # the weights as they are, cast here: nothing extra is saved
-        return wrap_nki(moe_fwd_kernel)[logical_cores()](x, *ws, be)
-
-    @nki_op("neuronfrontier::moe_mlp_bwd", mutates_args={})
-    def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor, be: torch.Tensor,
-             dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        ws = [w.to(x.dtype) for w in (wg, wu, wd)]
-        dx, dwg, dwu, dwd = wrap_nki(moe_bwd_kernel)[logical_cores()](x, *ws, be, dy)
-        return dx, dwg.sum(0), dwu.sum(0), dwd.sum(0)   # fp32: the logical cores' partial sums
-
-    def _setup(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    def _backward(ctx, gy):
-        x, wg, wu, wd, be = ctx.saved_tensors
-        dx, dwg, dwu, dwd = _bwd(x, wg, wu, wd, be, gy.to(x.dtype).contiguous())
-        return dx, dwg.to(wg.dtype), dwu.to(wu.dtype), dwd.to(wd.dtype), None   # the weights' gradients in their dtype
-
-    _fwd.register_autograd(_backward, setup_context=_setup)
+    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("moe_mlp", "nki")
     def moe_mlp_nki(x, w_gate, w_up, w_down, block_expert):
-        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: TorchNeuron does not autocast a custom operator
-        check_args(x, w_gate, w_up, w_down, block_expert, "nki")
-        return _fwd(x.contiguous(), w_gate, w_up, w_down, block_expert.to(torch.int32))
+        "The blockwise expert SwiGLU by the NKI kernels on a NeuronCore."
+        return _moe_mlp(op, "nki", x, w_gate, w_up, w_down, block_expert)
     return True
 
 NKI_REGISTERED = _register_nki()

@@ -10,8 +10,8 @@ from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
-__all__ = ['MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_args', 'RMSNormSim',
-           'rms_norm_nki_sim', 'hbm_traffic']
+__all__ = ['MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_kernel', 'check_args', 'rms_norm_nki_sim',
+           'hbm_traffic']
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #a1545d6e
 MAX_D = 3072     # backward: one PSUM bank per 512 columns of dweight, at most 6
@@ -146,32 +146,38 @@ def check_args(x, weight, eps=1e-6, backend="nki-sim"):
         )
 
 
-class RMSNormSim(torch.autograd.Function):
-    "ops.rms_norm through the simulated NKI kernels: forward and backward."
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        d = x.shape[-1]
-        x2 = x.detach().reshape(-1, d).contiguous()
-        y, rstd = simulate(rmsnorm_fwd_kernel[logical_cores()])(
-            x2, weight.detach().reshape(1, d).contiguous(), float(eps)
-        )
-        ctx.save_for_backward(x2, weight, rstd)
-        ctx.x_shape = x.shape
-        return y.reshape(x.shape)
+def _bodies(launch):
+    "The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [N, d], w [1, d]."
+    def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(rmsnorm_fwd_kernel)(x, w, eps)
 
-    @staticmethod
-    def backward(ctx, gy):
-        x2, weight, rstd = ctx.saved_tensors
-        d = x2.shape[-1]
-        g2 = gy.reshape(-1, d).to(x2.dtype).contiguous()
-        dx, dw = simulate(rmsnorm_bwd_kernel[logical_cores()])(x2, weight.detach().reshape(1, d).contiguous(), rstd, g2)
-        return dx.reshape(ctx.x_shape), dw.sum(0).to(weight.dtype), None
+    def rms_norm_bwd(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
+                     g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(rmsnorm_bwd_kernel)(x, w, rstd, g)
+    return rms_norm_fwd, rms_norm_bwd
+
+def _setup(ctx, inputs, output):
+    x, w, _ = inputs
+    ctx.save_for_backward(x, w, output[1])   # rstd: the backward rescales by it instead of reducing again
+
+def _backward(bwd, ctx, gy, grstd):
+    x, w, rstd = ctx.saved_tensors
+    dx, dw = bwd(x, w, rstd, gy.to(x.dtype).contiguous())
+    return dx, dw.sum(0, keepdim=True).to(w.dtype), None   # dw: one fp32 row per logical core, summed
+
+def _rms_norm(op, backend, x, weight, eps):
+    "`rms_norm` by the kernel op `op`: leading dimensions flattened to rows, the gain as a [1, d] row."
+    check_args(x, weight, eps, backend)
+    d = x.shape[-1]
+    y, _ = op(x.reshape(-1, d).contiguous(), weight.reshape(1, d).contiguous(), float(eps))
+    return y.reshape(x.shape)
+
+_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("rms_norm", "nki-sim")
 def rms_norm_nki_sim(x, weight, eps=1e-6):
     "x / sqrt(mean(x², -1) + eps) · weight by the NKI kernels in the CPU simulator."
-    check_args(x, weight, eps)
-    return RMSNormSim.apply(x, weight, eps)
+    return _rms_norm(_SIM_OP, "nki-sim", x, weight, eps)
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #380aa974
 def _register_nki(tnx=None) -> bool:
@@ -179,35 +185,12 @@ def _register_nki(tnx=None) -> bool:
     unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
-
-    @nki_op("neuronfrontier::rms_norm_fwd", mutates_args={})
-    def _fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        return wrap_nki(rmsnorm_fwd_kernel)[logical_cores()](x, w, eps)
-
-    @nki_op("neuronfrontier::rms_norm_bwd", mutates_args={})
-    def _bwd(
-        x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, g: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return wrap_nki(rmsnorm_bwd_kernel)[logical_cores()](x, w, rstd, g)
-
-    def _setup(ctx, inputs, output):
-        x, w, _ = inputs
-        ctx.save_for_backward(x, w, output[1])
-
-    def _backward(ctx, gy, grstd):
-        x, w, rstd = ctx.saved_tensors
-        dx, dw = _bwd(x, w, rstd, gy.contiguous())
-        return dx, dw.sum(0).reshape(w.shape).to(w.dtype), None
-
-    _fwd.register_autograd(_backward, setup_context=_setup)
+    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("rms_norm", "nki")
     def rms_norm_nki(x, weight, eps=1e-6):
-        check_args(x, weight, eps, "nki")
-        d = x.shape[-1]
-        y, _ = _fwd(x.reshape(-1, d).contiguous(), weight.reshape(1, d), float(eps))
-        return y.reshape(x.shape)
+        "x / sqrt(mean(x², -1) + eps) · weight by the NKI kernels on a NeuronCore."
+        return _rms_norm(op, "nki", x, weight, eps)
     return True
 
 NKI_REGISTERED = _register_nki()

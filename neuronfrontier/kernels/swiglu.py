@@ -11,8 +11,7 @@ from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
 __all__ = ['W_BUDGET', 'RES_BUDGET', 'NKI_REGISTERED', 'TOL', 'swiglu_fwd_kernel', 'swiglu_bwd_kernel', 'check_args', 'fwd_block',
-           'bwd_chunk', 'swiglu_forward', 'swiglu_backward', 'SwiGLUSim', 'swiglu_nki_sim', 'swiglu_inputs',
-           'hbm_traffic']
+           'bwd_chunk', 'swiglu_forward', 'swiglu_backward', 'swiglu_nki_sim', 'swiglu_inputs', 'hbm_traffic']
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #769ce91f
 W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for the resident W_gᵀ and W_uᵀ
@@ -223,33 +222,40 @@ def swiglu_backward(x2, wg, wu, dh2, launch, lnc):
         dwg, dwu = dwg + g.sum(0), dwu + u.sum(0)   # per-core (and per-chunk) fp32 partial sums
     return (dxs[0] if len(dxs) == 1 else torch.cat(dxs)), dwg, dwu
 
-class SwiGLUSim(torch.autograd.Function):
-    "ops.swiglu through the simulated NKI kernels: forward and backward."
-    @staticmethod
-    def forward(ctx, x, w_gate, w_up):
-        d, F_ = x.shape[-1], w_gate.shape[0]
-        x2 = x.detach().reshape(-1, d).contiguous()
-        wg, wu = (w.detach().to(x.dtype).contiguous() for w in (w_gate, w_up))
-        ctx.save_for_backward(x2, wg, wu)
-        ctx.meta = (x.shape, w_gate.dtype, w_up.dtype)
-        h = swiglu_forward(x2, wg, wu, simulate(swiglu_fwd_kernel[logical_cores()]))
-        return h.reshape(*x.shape[:-1], F_)
+def _bodies(launch):
+    """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [N, d]; the weights as they
+    are, cast to x's dtype inside (nothing extra is saved)."""
+    def swiglu_fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
+        return swiglu_forward(x, wg.to(x.dtype).contiguous(), wu.to(x.dtype).contiguous(), launch(swiglu_fwd_kernel))
 
-    @staticmethod
-    def backward(ctx, gh):
-        x2, wg, wu = ctx.saved_tensors
-        x_shape, dtg, dtu = ctx.meta
-        dh2 = gh.reshape(-1, wg.shape[0]).to(x2.dtype).contiguous()
-        lnc = logical_cores()
-        dx, dwg, dwu = swiglu_backward(x2, wg, wu, dh2, simulate(swiglu_bwd_kernel[lnc]), lnc)
-        return dx.reshape(x_shape), dwg.to(dtg), dwu.to(dtu)
+    def swiglu_bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor,
+                   dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        wg, wu = wg.to(x.dtype).contiguous(), wu.to(x.dtype).contiguous()
+        return swiglu_backward(x, wg, wu, dh, launch(swiglu_bwd_kernel), logical_cores())   # dW: fp32 sums
+    return swiglu_fwd, swiglu_bwd
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+def _backward(bwd, ctx, gh):
+    x, wg, wu = ctx.saved_tensors
+    dx, dwg, dwu = bwd(x, wg, wu, gh.to(x.dtype).contiguous())
+    return dx, dwg.to(wg.dtype), dwu.to(wu.dtype)   # the weights' gradients in the weights' dtype
+
+def _swiglu(op, backend, x, w_gate, w_up):
+    "`swiglu` by the kernel op `op`: x cast to autocast's dtype, leading dimensions flattened to rows."
+    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a custom operator is not autocast
+    check_args(x, w_gate, w_up, backend)
+    d = x.shape[-1]
+    h = op(x.reshape(-1, d).contiguous(), w_gate, w_up)
+    return h.reshape(*x.shape[:-1], w_gate.shape[0])
+
+_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("swiglu", "nki-sim")
 def swiglu_nki_sim(x, w_gate, w_up):
     "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ) by the NKI kernels in the CPU simulator."
-    x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a kernel is not autocast by itself
-    check_args(x, w_gate, w_up)
-    return SwiGLUSim.apply(x, w_gate, w_up)
+    return _swiglu(_SIM_OP, "nki-sim", x, w_gate, w_up)
 
 # %% ../../nbs/13_kernel_swiglu.ipynb #ddfb8cc7
 def _register_nki(tnx=None) -> bool:
@@ -257,37 +263,12 @@ def _register_nki(tnx=None) -> bool:
     unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    nki_op, wrap_nki = tnx.nki_op, tnx.wrap_nki
-
-    @nki_op("neuronfrontier::swiglu_fwd", mutates_args={})
-    def _fwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor) -> torch.Tensor:
-        wg, wu = wg.to(x.dtype), wu.to(x.dtype)      # the weights as they are, cast here: nothing extra is saved
-        return swiglu_forward(x, wg, wu, wrap_nki(swiglu_fwd_kernel)[logical_cores()])
-
-    @nki_op("neuronfrontier::swiglu_bwd", mutates_args={})
-    def _bwd(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor,
-             dh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        lnc = logical_cores()
-        launch = wrap_nki(swiglu_bwd_kernel)[lnc]
-        return swiglu_backward(x, wg.to(x.dtype), wu.to(x.dtype), dh, launch, lnc)   # dW: fp32 sums
-
-    def _setup(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    def _backward(ctx, gh):
-        x, wg, wu = ctx.saved_tensors
-        dx, dwg, dwu = _bwd(x, wg, wu, gh.to(x.dtype).contiguous())
-        return dx, dwg.to(wg.dtype), dwu.to(wu.dtype)   # the weights' gradients in the weights' dtype
-
-    _fwd.register_autograd(_backward, setup_context=_setup)
+    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("swiglu", "nki")
     def swiglu_nki(x, w_gate, w_up):
-        x = x.to(ops.kernel_dtype(x))   # autocast's dtype: TorchNeuron does not autocast a custom operator
-        check_args(x, w_gate, w_up, "nki")
-        d = x.shape[-1]
-        h = _fwd(x.reshape(-1, d).contiguous(), w_gate, w_up)
-        return h.reshape(*x.shape[:-1], w_gate.shape[0])
+        "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ) by the NKI kernels on a NeuronCore."
+        return _swiglu(op, "nki", x, w_gate, w_up)
     return True
 
 NKI_REGISTERED = _register_nki()
