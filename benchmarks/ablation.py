@@ -45,6 +45,10 @@ VARIANTS = {
     "kit + heads of 64": ["recipe=kit", "n_heads=4", "d_head=64"],
     "kit + momentum ramp 100": ["recipe=kit", "muon_momentum_steps=100"],   # the kit ramps over 300 of ~340 steps
     "kit + batch 4": ["recipe=kit", "batch_size=4"],                         # twice the steps at half the batch
+    "kit + cooldown 0.7": ["recipe=kit", "cooldown_frac=0.7"],               # the warm-down over 70% of the run
+    "kit + full attention": ["recipe=kit", "window_pattern=L"],              # no sliding windows (no saving on a CPU)
+    "kit + cooldown 0.3": ["recipe=kit", "cooldown_frac=0.3"],               # the warm-down over the last 30%
+    "kit + muon lr 0.06": ["recipe=kit", "muon_lr=0.06"],                    # Muon's rate × 1.5
 }
 RECIPE_VARIANTS = ["baseline", "frontier", "frontier - muon (adamw)", "frontier - qk_norm", "frontier - wsd (cosine)"]
 
