@@ -25,6 +25,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'neuronfrontier.bundler._readme': ('bundler.html#_readme', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler._refs': ('bundler.html#_refs', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler._resolve': ('bundler.html#_resolve', 'neuronfrontier/bundler.py'),
+                                        'neuronfrontier.bundler._shares_line': ('bundler.html#_shares_line', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler._verify': ('bundler.html#_verify', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler._write': ('bundler.html#_write', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler.bundle': ('bundler.html#bundle', 'neuronfrontier/bundler.py'),

@@ -392,6 +392,11 @@ def _final_names(order: list, ext: dict) -> dict:
             taken.add(f)
     return final
 
+def _shares_line(line: bytes, d: ast.stmt) -> bool:
+    "Whether package import `d` (inside a function) shares its `line` with other code: the bundler deletes its line."
+    rest = line[d.end_col_offset:].strip()
+    return d.lineno != d.end_lineno or bool(line[:d.col_offset].strip()) or bool(rest and not rest.startswith(b"#"))
+
 def _emit(mod: _Module, st: _Stmt, res: dict, final: dict, overrides: dict) -> str:
     """The statement's source (comments kept) with package prefixes (`ops.x`) and function-local package imports
     removed, names made final."""
@@ -426,8 +431,7 @@ def _emit(mod: _Module, st: _Stmt, res: dict, final: dict, overrides: dict) -> s
         raise ExportError(f"{PKG}/{st.module}.py:{st.node.lineno}: a `global` declaration of a name the bundle renames")
     for d in st.drops:  # a package import inside a function: its names are module-level in the bundle
         b = lines[at(d.lineno)]
-        rest = b[d.end_col_offset:].strip()
-        if d.lineno != d.end_lineno or b[:d.col_offset].strip() or (rest and not rest.startswith(b"#")):
+        if _shares_line(b, d):
             raise ExportError(f"{PKG}/{st.module}.py:{d.lineno}: a package import sharing its line with other code")
         body = next(l for p in ast.walk(st.node) for f in ("body", "orelse", "finalbody")
                     if isinstance(l := getattr(p, f, None), list) and any(s is d for s in l))
@@ -618,9 +622,7 @@ def _lint_module(mod: _Module) -> list[str]:
     for st in mod.stmts:
         if st.error: out.append(f"{st.error} (rule 1)")
         for d in st.drops:   # a package import inside a function: the bundler deletes its line
-            line = mod.lines[d.lineno - 1]
-            rest = line[d.end_col_offset:].strip()
-            if d.lineno != d.end_lineno or line[:d.col_offset].strip() or (rest and not rest.startswith(b"#")):
+            if _shares_line(mod.lines[d.lineno - 1], d):
                 out.append(f"{where}:{d.lineno}: a package import sharing its line with other code (rule 2)")
         for r in st.refs:
             if isinstance(r.node, ast.Attribute) and r.node.lineno != r.node.end_lineno:
