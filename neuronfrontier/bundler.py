@@ -833,15 +833,21 @@ def ship_kernels(out_dir, names, prov: dict | None = None) -> list[Path]:
     return [root / rel for rel in files]
 
 # %% ../nbs/96_bundler.ipynb #359ba83d
-def launch_line(nproc: int = 8, lnc: int = 1) -> str:
+def launch_line(nproc: int = 8, lnc: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None) -> str:
     """The launch command the organisers run: `NEURON_LOGICAL_NC_CONFIG=lnc torchrun --standalone --nproc_per_node=nproc
-    train.py`."""
+    train.py`; on `nnodes` > 1 machines the same command on each, meeting at `rdzv_endpoint` (c10d rendezvous)."""
     if nproc not in ALLOWED_NPROC:
         raise ValueError(
             f"--nproc {nproc}: a submission launches 1, 4 or 8 processes (8 × LNC 1 or 4 × LNC 2 is the whole chip)"
         )
     if lnc not in ALLOWED_LNC: raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
-    return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={nproc} train.py"
+    if nnodes < 1: raise ValueError(f"--nnodes {nnodes}: at least one machine")
+    if nnodes == 1: return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={nproc} train.py"
+    if not rdzv_endpoint or not re.fullmatch(r"[A-Za-z0-9.\-]+:\d+", rdzv_endpoint):
+        raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the first machine's address), "
+                         f"got {rdzv_endpoint!r}")
+    return (f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --nnodes={nnodes} --rdzv-backend=c10d "
+            f"--rdzv-endpoint={rdzv_endpoint} --rdzv-id=neuronfrontier --nproc_per_node={nproc} train.py")
 
 def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=(), fit_note="") -> str:
     from neuronfrontier.config import config_dict, setting_sources, recipe_names
@@ -904,14 +910,15 @@ after a run.
 ```
 """
 
-def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, fit_note="") -> Path:
+def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, fit_note="", nnodes=1,
+           rdzv_endpoint=None) -> Path:
     "Bundle and write the submission's files into `out` (train.py, nf_kernels/, launch.txt, README.md)."
     import shutil
     from neuronfrontier.config import resolve, rank_batch
     mcfg, tcfg = resolve(config, recipe, sets)  # a bad config, recipe or override fails here, in one line
-    tcfg = rank_batch(tcfg, mcfg.seq_len, nproc)  # the rows a rank trains: the global batch over the launch's ranks
+    launch, prov = launch_line(nproc, lnc, nnodes, rdzv_endpoint), provenance()
+    tcfg = rank_batch(tcfg, mcfg.seq_len, nproc * nnodes)  # a rank's rows: the global batch over every machine's ranks
     kmods = kernel_modules(tcfg.kernels, ops_used(mcfg))   # the NKI kernel files it ships; nki-sim refused here
-    launch, prov = launch_line(nproc, lnc), provenance()
     title = (
         f"A NeuronFrontier-LM submission: "
         f"{config}{f' + {recipe}' if recipe else ''}{f' with {list(sets)}' if sets else ''}.\n\n"
@@ -945,20 +952,22 @@ def _fit_note(plan: dict, rows: int, seq_len: int, lnc: int, changed: bool) -> s
             f"`neuronfrontier.rehearsal.plan_batch`; CPU operator semantics, not measured on trn2)")
 
 def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1,
-           data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, fit: bool = True, log=None) -> Path:
+           data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, fit: bool = True, log=None, nnodes: int = 1,
+           rdzv_endpoint: str | None = None) -> Path:
     """Write a submission into `out_dir`: train.py (bundled, the config baked in), nf_kernels/ (when an op runs NKI on
     trn2), launch.txt and README.md; returns `out_dir`. With `fit`, the per-rank micro-batch is the largest whose traced
     step fits one rank's HBM (`rehearsal.plan_batch`, kernels and PyTorch ops alike), gradient accumulation keeping the
-    global batch; `log` (e.g. print) hears what was chosen."""
+    global batch; `log` (e.g. print) hears what was chosen. `nnodes` > 1: launched on that many machines of `nproc`
+    processes each, meeting at `rdzv_endpoint`."""
     from neuronfrontier.config import resolve, rank_batch
     from neuronfrontier.rehearsal import plan_batch
-    out, sets = Path(out_dir), list(sets)
-    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir)
+    out, sets, world = Path(out_dir), list(sets), nproc * nnodes
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
     if not fit: return out
     mcfg, tcfg = resolve(config, recipe, sets)
-    tcfg = rank_batch(tcfg, mcfg.seq_len, nproc)
+    tcfg = rank_batch(tcfg, mcfg.seq_len, world)
     rows = tcfg.batch_size * tcfg.grad_accum
-    try: plan = plan_batch(out, nproc, lnc)
+    try: plan = plan_batch(out, world, lnc)   # one rank's memory: its rows of the global batch over all the ranks
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         raise ValueError(f"{config}: the memory plan failed ({first_line(e)}); "
                          "export with --no-fit to skip it") from None
@@ -971,6 +980,6 @@ def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int 
     changed = plan["batch_size"] != tcfg.batch_size
     if changed: sets += [f"batch_size={plan['batch_size']}", f"grad_accum={plan['grad_accum']}"]
     note = _fit_note(plan, rows, mcfg.seq_len, lnc, changed)
-    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, note)
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, note, nnodes, rdzv_endpoint)
     if log: log(f"memory per rank: {note}")
     return out

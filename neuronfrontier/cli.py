@@ -9,7 +9,7 @@ from pathlib import Path
 from .config import first_line
 
 # %% auto #0
-__all__ = ['DEFAULT_DATA', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
+__all__ = ['DEFAULT_DATA', 'DEFAULT_CORE', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
 
 # %% ../nbs/99_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -18,6 +18,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message): raise UserError(f"{self.prog}: {message}")
 
 DEFAULT_DATA = {"embedded": "data/cache/pydocs", "climbmix": "data/climbmix"}
+DEFAULT_CORE = "data/cache/eval_bundle"   # where `prepare --core` puts the CORE bundle and `eval --core` looks
 
 def _run_flags(p):
     p.add_argument("--config", default="cpu-tiny", help="model preset (see `neuronfrontier info`)")
@@ -73,6 +74,14 @@ def _run_flags(p):
         help="MoE expert parallelism: experts shared out over groups of N of the --nproc processes (data parallel "
              "over the groups)",
     )
+    p.add_argument("--fsdp", action="store_true",
+                   help="shard parameters, gradients and optimizer state over the processes (FSDP2; needs --nproc > "
+                        "1 or --nnodes > 1)")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="machines, each running this same command with --nproc processes (torchrun c10d rendezvous)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index among --nnodes (passed to torchrun)")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="where the --nnodes machines meet: the first machine's address and a free port")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
 
 def _prep_flags(p):
@@ -98,19 +107,29 @@ def build_parser() -> argparse.ArgumentParser:
         prog="neuronfrontier", description="NeuronFrontier-LM: train a GPT to the lowest val_bpb in a fixed budget."
     )
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    p = sub.add_parser("prepare", help="build or download the data and the tokenizer")
+    p = sub.add_parser("prepare", help="build or download the data and the tokenizer; with --core, the CORE bundle")
     _prep_flags(p)
     p.add_argument("--data", default=None)
+    p.add_argument("--core", action="store_true", help="fetch the CORE evaluation bundle (only) into --core-dir")
+    p.add_argument("--core-url", default=None, help="the bundle's URL, a .zip or a file:// URL (default: nanochat's)")
+    p.add_argument("--core-dir", default=None, help=f"where the bundle goes (default {DEFAULT_CORE})")
+    p.add_argument("--core-sha256", default=None, help="the archive's expected SHA-256 (default: the pinned one)")
     _run_flags(sub.add_parser("train", help="train on prepared data, then evaluate"))
     p = sub.add_parser("speedrun", help="prepare if missing, train under the budget, evaluate, print val_bpb")
     _run_flags(p)
     _prep_flags(p)
-    p = sub.add_parser("eval", help="score a checkpoint on the validation shard")
+    p.add_argument("--core", default=None, metavar="BUNDLE_DIR",
+                   help="also score the trained model on CORE (`prepare --core` fetches the bundle)")
+    p.add_argument("--core-max-per-task", type=int, default=None, metavar="N", help="score N items of each CORE task")
+    p = sub.add_parser("eval", help="score a checkpoint on the validation shard; with --core, on CORE too")
     p.add_argument("checkpoint")
     p.add_argument("--data", default=None)
     p.add_argument("--device", default="auto")
     p.add_argument("--eval-tokens", type=int, default=None)
     p.add_argument("--eval-seq-len", type=int, default=None)
+    p.add_argument("--core", nargs="?", const=DEFAULT_CORE, default=None, metavar="BUNDLE_DIR",
+                   help=f"also score CORE on this bundle (default {DEFAULT_CORE}; `prepare --core` fetches it)")
+    p.add_argument("--core-max-per-task", type=int, default=None, metavar="N", help="score N items of each CORE task")
     p = sub.add_parser("sweep", help="run a grid of settings × seeds as budgeted trainings; table + plots; resumable")
     _run_flags(p)
     p.add_argument(
@@ -147,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=8,
                    help="processes in the launch line: 8 (LNC 1, the default; see 60_recipe) or 4 (LNC 2); 1 allowed")
     p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG of the launch line: 1 (default) or 2")
+    p.add_argument("--fsdp", action="store_true",
+                   help="train.py shards parameters, gradients and optimizer state (FSDP2)")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="machines the launch line runs on, each with --nproc processes (c10d rendezvous)")
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="with --nnodes > 1: the first machine's address and a free port, in the launch line")
     p.add_argument(
         "--data", default=None, help="default --data of train.py (default: the kit's ~/.cache/autoresearch/data)"
     )
@@ -202,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default="dense-124m", help="preset whose shapes the kernels run at")
     p.add_argument("--tokens", type=int, default=None, help="tokens per call (default: the preset's seq_len)")
     p.add_argument("--out", default="runs/kernels_report.json")
+    p = sub.add_parser("plan", help="a Phase-2 preset from the scaling fit of our CPU runs: shape, batch, tokens, "
+                                    "step time (roofline estimate), memory per rank, the binding constraint")
+    p.add_argument("--budget", required=True, help="wall-clock budget: 4h, 30m, 90s or seconds")
+    p.add_argument("--chips", type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)")
+    p.add_argument("--out", default="runs/plan/preset.json", help="where the preset JSON goes")
+    p.add_argument("--fit", default=None, help="scaling results file (default nbs/results/scaling_fit.json) or "
+                                               "'chinchilla' for the published coefficients")
+    p.add_argument("--mfu", type=float, default=0.30, help="achieved MFU assumed (default 0.30)")
+    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)")
+    p.add_argument("--startup", default="600s", help="start-up allowance taken off the budget (default 600s)")
+    p.add_argument("--data-tokens", type=float, default=4e11, help="unique training tokens (default 4e11)")
     return ap
 
 # %% ../nbs/99_cli.ipynb #4050a2e3
@@ -253,13 +289,33 @@ def ckpt_every(a) -> float | None:
     if a.ckpt_every is None: return 600.0 if a.cmd == "train" and a.steps is None and a.budget >= LONG_RUN_S else None
     return a.ckpt_every or None
 
+def _rendezvous(a) -> list[str]:
+    "torchrun's flags for where the processes meet: `--standalone` on one machine, c10d at --rdzv-endpoint on many."
+    if a.nnodes == 1: return ["--standalone"]
+    return [f"--nnodes={a.nnodes}", f"--node-rank={a.node_rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={a.rdzv_endpoint}", "--rdzv-id=neuronfrontier"]
+
+def _check_machines(a):
+    "One-line errors for --nnodes, --node-rank, --rdzv-endpoint and --fsdp before any process starts."
+    if a.nnodes < 1: raise UserError(f"--nnodes {a.nnodes}: must be >= 1")
+    if a.nnodes > 1:
+        host, _, port = (a.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--nnodes {a.nnodes} needs --rdzv-endpoint HOST:PORT (the first machine's address and a "
+                            f"free port), got {a.rdzv_endpoint!r}")
+        if not 0 <= a.node_rank < a.nnodes:
+            raise UserError(f"--node-rank {a.node_rank}: must be in [0, {a.nnodes}) for --nnodes {a.nnodes}")
+    if a.fsdp and a.ep != 1:
+        raise UserError(f"--fsdp with --ep {a.ep}: not combined yet; --fsdp alone shards the experts too")
+    if a.fsdp: a.sets = [*a.sets, "fsdp=true"]   # travels to the ranks as a --set
+
 def torchrun_argv(a, out: Path) -> list[str]:
     "The `torchrun --standalone --nproc_per_node N` command line that runs `train` as `a` asks, in `a.nproc` processes."
     argv = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *_rendezvous(a),
         f"--nproc_per_node={a.nproc}",
         "-m",
         "neuronfrontier.cli",
@@ -293,6 +349,9 @@ def _launch(a, out: Path) -> int:
     finally:
         for s, h in old.items(): signal.signal(s, h)
     if res.exists() and res.stat().st_mtime >= t0: return _EXIT[json.loads(res.read_text())["status"]]
+    if rc == 0 and a.nnodes > 1:   # global rank 0, which writes result.json, ran on another machine
+        print(f"this machine's {a.nproc} process(es) finished; the result is written where global rank 0 ran")
+        return 0
     return rc or 1
 
 def _check_ep(a):
@@ -312,10 +371,12 @@ def _train(a) -> int:
     if a.steps is None and a.budget <= 0:
         raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.nproc < 1: raise UserError(f"--nproc {a.nproc}: must be >= 1")
+    _check_machines(a)
     if a.ep != 1: _check_ep(a)
     a.ckpt_every = ckpt_every(a)
     out = Path(a.out or f"runs/{a.config}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if a.nproc > 1:
+    a.out = str(out)   # what `speedrun --core` scores afterwards
+    if a.nproc > 1 or a.nnodes > 1:
         if "WORLD_SIZE" in os.environ: raise UserError("--nproc: already running under torchrun; drop --nproc")
         from neuronfrontier.config import resolve
         from neuronfrontier.data import find_shards
@@ -337,27 +398,64 @@ def _train(a) -> int:
     print(f"val_bpb={r['val_bpb']:.4f}")
     return _EXIT[r["status"]]
 
+def _prepare_core(a) -> Path:
+    "`prepare --core`: the CORE bundle into --core-dir (notebook `31_core`)."
+    from neuronfrontier.core import prepare_core, CORE_URL, CORE_SHA256
+    sha = a.core_sha256
+    if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha)):
+        raise UserError(f"--core-sha256 {sha}: not a SHA-256 (64 hexadecimal digits)")
+    return prepare_core(a.core_dir or DEFAULT_CORE, a.core_url or CORE_URL, sha or CORE_SHA256)
+
 def _eval(a) -> int:
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches
     from neuronfrontier.clock import pick_device
     from neuronfrontier.checkpoint import load_for_eval, load_checkpoint
     from neuronfrontier.evaluate import evaluate_bpb
     if not Path(a.checkpoint).exists(): raise UserError(f"checkpoint {a.checkpoint} does not exist")
+    if a.core_max_per_task is not None and a.core_max_per_task < 1:
+        raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
+    if a.core is not None:
+        from neuronfrontier.core import load_bundle
+        load_bundle(a.core)   # a missing or broken bundle fails before anything is scored
     dev = pick_device(a.device)
     ck = load_checkpoint(a.checkpoint)  # a truncated or corrupt file: one line naming it
     tc = ck.get("train_config", {})
     d = _data_dir(a)
-    _, va = find_shards(d)
+    score_bpb = a.core is None or any(d.glob("shard_*.parquet"))   # with --core, val_bpb where there is data
+    va = find_shards(d)[1] if score_bpb else None
     enc, tb = load_tokenizer(d / "tokenizer")
-    vb = val_batches(
-        va,
-        enc,
-        a.eval_seq_len or tc.get("eval_seq_len", 512),
-        a.eval_tokens or tc.get("eval_tokens", 131072),
-        tc.get("eval_batch_size", 8),
-    )
     model = load_for_eval(a.checkpoint, dev)
-    print(f"val_bpb={evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], tb.to(dev)):.4f}")
+    if score_bpb:
+        vb = val_batches(
+            va,
+            enc,
+            a.eval_seq_len or tc.get("eval_seq_len", 512),
+            a.eval_tokens or tc.get("eval_tokens", 131072),
+            tc.get("eval_batch_size", 8),
+        )
+        print(f"val_bpb={evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], tb.to(dev)):.4f}")
+    else:
+        print(f"val_bpb: not scored (no shards in {d})")
+    if a.core is not None:
+        from neuronfrontier.core import evaluate_core, core_table
+        res = evaluate_core(model, enc, a.core, dev, a.core_max_per_task)
+        print(core_table(res))
+        print(f"core={res['core']:.4f}")
+    return 0
+
+def _speedrun_core(a) -> int:
+    "`speedrun --core`: the trained model.pt scored on CORE, its table after the run's."
+    from neuronfrontier.checkpoint import load_for_eval
+    from neuronfrontier.clock import pick_device
+    from neuronfrontier.core import evaluate_core, core_table
+    from neuronfrontier.data import load_tokenizer
+    out = Path(a.out)
+    if not (out / "model.pt").exists(): return 0   # a many-machine run whose rank 0 is elsewhere
+    dev = pick_device(a.device)
+    enc, _ = load_tokenizer(_data_dir(a) / "tokenizer")
+    res = evaluate_core(load_for_eval(str(out / "model.pt"), dev), enc, a.core, dev, a.core_max_per_task)
+    print(core_table(res))
+    print(f"core={res['core']:.4f}")
     return 0
 
 def _sweep(a) -> int:
@@ -397,7 +495,9 @@ def _export(a) -> int:
     from neuronfrontier.bundler import export
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
-    out = export(a.config, a.out, a.recipe, a.sets, a.nproc, a.lnc, data, tok, fit=a.fit, log=print)
+    sets = [*a.sets, "fsdp=true"] if a.fsdp else a.sets
+    out = export(a.config, a.out, a.recipe, sets, a.nproc, a.lnc, data, tok, fit=a.fit, log=print, nnodes=a.nnodes,
+                 rdzv_endpoint=a.rdzv_endpoint)
     kern = ", ".join(sorted(p.stem for p in (out / "nf_kernels" / "kernels").glob("*.py") if p.stem != "__init__"))
     print(
         f"wrote {out}/train.py, {f'nf_kernels/ (NKI kernels for trn2: {kern}), ' if kern else ''}launch.txt, "
@@ -504,14 +604,22 @@ def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         if a.cmd == "prepare":
-            print(f"ready: {_prepare(a)}")
+            if not a.core and (a.core_url or a.core_dir or a.core_sha256):
+                raise UserError("--core-url, --core-dir and --core-sha256 go with --core")
+            print(f"ready: {_prepare_core(a) if a.core else _prepare(a)}")
             return 0
         if a.cmd == "train": return _train(a)
         if a.cmd == "speedrun":
             if a.steps is None and a.budget <= 0:
                 raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
+            if a.core_max_per_task is not None and a.core_max_per_task < 1:
+                raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
+            if a.core is not None:
+                from neuronfrontier.core import load_bundle
+                load_bundle(a.core)   # a missing or broken bundle fails before the training, not after it
             _prepare(a)
-            return _train(a)
+            rc = _train(a)
+            return _speedrun_core(a) or rc if a.core is not None and rc == 0 else rc
         if a.cmd == "eval": return _eval(a)
         if a.cmd == "sweep": return _sweep(a)
         if a.cmd == "info": return _info(a)
@@ -520,6 +628,9 @@ def main(argv=None) -> int:
         if a.cmd == "rehearse": return _rehearse(a)
         if a.cmd == "dashboard": return _dashboard(a)
         if a.cmd == "kernels-report": return _kernels_report(a)
+        if a.cmd == "plan":
+            from neuronfrontier.plan import cli_plan
+            return cli_plan(a)
     except (UserError, ValueError, FileNotFoundError) as e:
         print(f"error: {first_line(e) or type(e).__name__}", file=sys.stderr)
         return 2

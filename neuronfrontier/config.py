@@ -230,6 +230,7 @@ class TrainConfig:
     log_every: int = 10
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
     ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
+    fsdp: bool = False          # FSDP2 (`train --fsdp`): parameters, gradients, optimizer state sharded over the ranks
     # robustness (notebook 30_train): a run that never loses its checkpoint
     data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
                                   # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
@@ -465,6 +466,7 @@ FIELD_SOURCES: dict[str, str] = {
     "log_every": "runtime: steps between logged (synchronised) losses",
     "prefetch": "runtime: batches packed ahead (30_train, profile table)",
     "ep": "runtime: expert parallelism (MoE only)",
+    "fsdp": "runtime: FSDP2 sharding over the ranks (27_distributed); the same training maths as data parallel",
     "data_sharding": "measured here: each rank packs its own rows, 0.123x the host CPU (benchmarks/loader.py)",
     "preflight": "measured here: a kernel only if it runs, matches and is not slower (25_resilience)",
     "preflight_frac": "choice: at most 5% of the budget for the preflight",

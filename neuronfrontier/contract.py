@@ -16,7 +16,8 @@ __all__ = ['CHECK_TOL', 'CHECKS', 'check_launch', 'launch_shape', 'check', 'chec
 # %% ../nbs/97_contract.ipynb #468ddcd3
 def check_launch(text: str) -> tuple[bool, str]:
     """Whether launch.txt holds exactly one allowed command: `NEURON_LOGICAL_NC_CONFIG={1,2} torchrun --standalone
-    --nproc_per_node={1,4,8} train.py`."""
+    --nproc_per_node={1,4,8} train.py`, or its many-machine form (`--nnodes=N --rdzv-backend=c10d --rdzv-endpoint=
+    HOST:PORT --rdzv-id=ID` instead of `--standalone`, as `launch_line` writes it)."""
     lines = [l.strip() for l in text.strip().splitlines() if l.strip()]
     if len(lines) != 1: return False, f"launch.txt must hold one command line, found {len(lines)}"
     line = lines[0]
@@ -28,7 +29,9 @@ def check_launch(text: str) -> tuple[bool, str]:
     if not m: return False, f"{line!r} must start with NEURON_LOGICAL_NC_CONFIG=1 or =2"
     if int(m.group(1)) not in ALLOWED_LNC: return False, f"NEURON_LOGICAL_NC_CONFIG={m.group(1)}: allowed are 1 and 2"
     rest = " ".join(tok[1:]).replace("--nproc_per_node ", "--nproc_per_node=")
-    m = re.fullmatch(r"torchrun --standalone --nproc_per_node=(\d+) train\.py", rest)
+    m = re.fullmatch(r"torchrun --standalone --nproc_per_node=(\d+) train\.py", rest) or re.fullmatch(
+        r"torchrun --nnodes=[1-9]\d* --rdzv-backend=c10d --rdzv-endpoint=[A-Za-z0-9.\-]+:\d+ --rdzv-id=[\w\-]+ "
+        r"--nproc_per_node=(\d+) train\.py", rest)
     if not m:
         return False, f"expected `torchrun --standalone --nproc_per_node=N train.py` after the variable, got {rest!r}"
     if int(m.group(1)) not in ALLOWED_NPROC:

@@ -11,10 +11,13 @@ import torch.distributed as dist
 from .moe import (check_ep, expert_parallel, expert_groups, expert_shards, ep_sync_grads,
                                 ep_clip_grad_norm_, gather_experts, ep_consolidated, ep_shard_optimizer_states)
 from .clock import pick_device
+from .model import GPT
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 # %% auto #0
 __all__ = ['dist_backend', 'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'average_gradients', 'DataParallel',
-           'ExpertParallel', 'parallelize']
+           'ExpertParallel', 'parallelize', 'full_state', 'ShardedDataParallel', 'shard_model']
 
 # %% ../nbs/27_distributed.ipynb #4318535d
 def dist_backend(device: torch.device) -> str:
@@ -81,8 +84,9 @@ class DataParallel:
     def shard_optimizer_states(self, model, opts, states: list[dict]) -> list[dict]:
         "Consolidated optimiser `states` cut to what this rank holds, to `load_state_dict` on resume."
         return states
-    def gather(self, model):
-        "Give every rank the whole model (to evaluate it): here it already has it."
+    def eval_model(self, model) -> torch.nn.Module:
+        "The whole model on every rank, to evaluate: here `model` itself."
+        return model
 
 class ExpertParallel(DataParallel):
     "The experts sharded over expert groups (`moe.expert_parallel`), the rest replicated."
@@ -91,12 +95,66 @@ class ExpertParallel(DataParallel):
     def consolidated(self, model, opts) -> tuple[dict, list[dict]]: return ep_consolidated(model, opts)
     def shard_optimizer_states(self, model, opts, states: list[dict]) -> list[dict]:
         return ep_shard_optimizer_states(model, opts, states)
-    def gather(self, model): gather_experts(model)
+    def eval_model(self, model) -> torch.nn.Module:
+        gather_experts(model)   # every rank all the experts again
+        return model
 
-def parallelize(model, world: int, ep: int = 1, config: str = "the model") -> DataParallel:
-    """Share `model` out over `world` ranks as `ep` asks (experts over groups of `ep` ranks; 1: data parallel) and
-    return the strategy its steps and checkpoints use."""
+def parallelize(model, world: int, ep: int = 1, config: str = "the model", fsdp: bool = False) -> DataParallel:
+    """Share `model` out over `world` ranks as `ep` and `fsdp` ask (experts over groups of `ep` ranks; `fsdp`: every
+    parameter sharded over all ranks; else data parallel) and return the strategy its steps and checkpoints use."""
+    if fsdp and ep > 1:
+        raise ValueError(f"fsdp=true with --ep {ep}: sharded experts over expert groups are not combined with FSDP2 "
+                         "yet; use --fsdp (it shards the experts too) or --ep, not both")
+    if fsdp and world > 1: return shard_model(model, world)
     if ep > 1:   # identically initialised replicas first, then each rank keeps its own experts
         check_ep(model.cfg, ep, world, config)
         expert_parallel(model, *expert_groups(world, ep))
     return ExpertParallel(world) if expert_shards(model) else DataParallel(world)
+
+# %% ../nbs/27_distributed.ipynb #666c0f44
+def full_state(t):
+    "The whole tensor (an all-gather for a DTensor; every rank calls it) of `t`, anything else unchanged."
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+def _shard_like(v, p):
+    "Optimizer state `v` of parameter `p` as `p` is placed (sharded like it when it has its shape)."
+    if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(p.shape):
+        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+    return v
+
+class ShardedDataParallel(DataParallel):
+    "Every parameter, gradient and optimizer state sharded over all ranks by FSDP2 (`shard_model`); data parallel rows."
+    def sync_grads(self, model):
+        "Nothing to do: the backward has reduce-scattered each rank its rows of the mean gradient."
+    def clip_grad_norm_(self, model, max_norm: float) -> torch.Tensor:
+        return full_state(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))   # the norm over all shards
+    def consolidated(self, model, opts) -> tuple[dict, list[dict]]:
+        sd = {k: full_state(v) for k, v in model.state_dict().items()}
+        states = []
+        for o in opts:
+            if hasattr(o, "share_owned_state"): o.share_owned_state()   # Muon's NorMuon state, kept by the owners
+            s = o.state_dict()
+            states.append(s | {"state": {i: {k: full_state(v) for k, v in st.items()} for i, st in s["state"].items()}})
+        return sd, states
+    def shard_optimizer_states(self, model, opts, states: list[dict]) -> list[dict]:
+        out = []
+        for o, s in zip(opts, states):
+            params = [p for g in o.param_groups for p in g["params"]]
+            state = {i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()} for i, st in s["state"].items()}
+            out.append(s | {"state": state})
+        return out
+    def eval_model(self, model) -> torch.nn.Module:
+        replica = GPT(model.cfg, kernels=model.kernels)
+        replica.load_state_dict(self.consolidated(model, [])[0])
+        dev = next(model.parameters()).device
+        return replica.to(dev).train(model.training)
+
+def shard_model(model, world: int) -> ShardedDataParallel:
+    """Shard `model` in place with FSDP2 over the default process group: each block, each embedding table, then the
+    root; returns the strategy."""
+    for block in model.blocks: fully_shard(block)
+    fully_shard(model.wte)
+    for table in model.value_embeds.values(): fully_shard(table)
+    fully_shard(model)
+    register_fsdp_forward_method(model, "loss")   # the trainer's entry point, besides forward
+    return ShardedDataParallel(world)

@@ -7,12 +7,14 @@ from __future__ import annotations
 import math
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch import nn, Tensor
 
 # %% auto #0
-__all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5', 'Muon',
-           'normuon_scale', 'build_optimizers', 'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier',
-           'muon_momentum', 'apply_schedule', 'ns_flops', 'muon_shapes']
+__all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5',
+           'local_shard', 'owned_slice', 'sharded_updates', 'Muon', 'normuon_scale', 'build_optimizers',
+           'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops',
+           'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -78,7 +80,46 @@ def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dty
     if tall: X = X.mT
     return X.to(G.dtype)
 
-# %% ../nbs/20_optim.ipynb #6fe4f645
+# %% ../nbs/20_optim.ipynb #49716b5c
+def local_shard(t: Tensor) -> Tensor:
+    "This rank's part of `t`: the local shard of a DTensor (sharing its storage), `t` itself otherwise."
+    return t.to_local() if isinstance(t, DTensor) else t
+
+def owned_slice(K: int, p: Tensor) -> slice:
+    "Which of the `K` sharded matrices of a bucket this rank orthogonalises (`p`: one of them, for its process group)."
+    pg = p.device_mesh.get_group()
+    chunk = -(-K // dist.get_world_size(pg))
+    rank = dist.get_rank(pg)
+    return slice(rank * chunk, (rank + 1) * chunk)
+
+def sharded_updates(items: list, orthogonalise, finish=lambda p, o: o) -> list[Tensor]:
+    """This rank's rows of the update of each FSDP2-sharded matrix in `items` [(param, this rank's rows of its
+    momentum update)], all of one shape: `orthogonalise` ([n, *shape] → [n, *shape]) and `finish` (param, update) run
+    on the rank that owns each matrix."""
+    p0 = items[0][0]
+    pg = p0.device_mesh.get_group()
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    shape, K = tuple(p0.shape), len(items)
+    chunk, R, C = -(-K // world), -(-shape[0] // world), math.prod(shape[1:])   # R: rows a rank holds (torch.chunk)
+    send = items[0][1].new_zeros(world, chunk, R, C)
+    for k, (_, u) in enumerate(items): send[k // chunk, k % chunk, :len(u)] = u.reshape(len(u), C)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=pg)   # recv[s, j]: rank s's rows of the j-th matrix this rank owns
+    mine = items[rank * chunk:(rank + 1) * chunk]
+    back = torch.zeros_like(send)
+    if mine:
+        n = len(mine)
+        whole = recv[:, :n].transpose(0, 1).reshape(n, world * R, C)[:, :shape[0]]   # padding rows only at the end
+        O = orthogonalise(whole.reshape(n, *shape))
+        for j, (p, _) in enumerate(mine):
+            rows = torch.zeros(world * R, C, dtype=send.dtype, device=send.device)
+            rows[:shape[0]] = finish(p, O[j]).reshape(shape[0], C)
+            back[:, j] = rows.view(world, R, C)
+    got = torch.empty_like(back)
+    dist.all_to_all_single(got, back, group=pg)   # got[d, j]: this rank's rows of the j-th matrix rank d owns
+    return [got[k // chunk, k % chunk, :len(u)].reshape(u.shape) for k, (_, u) in enumerate(items)]
+
+# %% ../nbs/20_optim.ipynb #1d93af5e
 def _dist_info(distributed: bool | None) -> tuple[int, int]:
     "(rank, world size) when the distributed path is on, else (0, 1)."
     on = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -119,6 +160,7 @@ class Muon(torch.optim.Optimizer):
                 if p.ndim < 2:
                     raise ValueError(f"Muon takes matrices; got a parameter of shape {tuple(p.shape)} (use AdamW)")
         self.ns_dtype, self.distributed = ns_dtype, distributed
+        self.owned: set = set()   # FSDP2: the sharded matrices this rank orthogonalises (their NorMuon state)
 
     @staticmethod
     def shape_scale(shape) -> float:
@@ -141,15 +183,23 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is None: continue
                 st = self.state[p]
                 if "momentum_buffer" not in st: st["momentum_buffer"] = torch.zeros_like(p.grad)
+                # FSDP2 (DTensor): the momentum of this rank's rows only, an elementwise update of its own shard
+                g, buf = local_shard(p.grad), local_shard(st["momentum_buffer"])
                 if group["ema"]:   # the kit's form: an average of gradients (the sum form's multiple at a fixed μ)
-                    buf = st["momentum_buffer"].lerp_(p.grad, 1 - mu)
-                    u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                    buf.lerp_(g, 1 - mu)
+                    u = g.lerp(buf, mu) if group["nesterov"] else buf
                 else:
-                    buf = st["momentum_buffer"].mul_(mu).add_(p.grad)
-                    u = p.grad.add(buf, alpha=mu) if group["nesterov"] else buf
+                    buf.mul_(mu).add_(g)
+                    u = g.add(buf, alpha=mu) if group["nesterov"] else buf
+                if isinstance(p, DTensor):   # bucketed by the whole matrix's shape, the same on every rank
+                    buckets.setdefault(("sharded", tuple(p.shape)), []).append((p, u))
+                    continue
                 if p.ndim != 3: u = u.reshape(len(u), -1)   # 3-D: a stack of expert matrices, each orthogonalised
                 buckets.setdefault(tuple(u.shape), []).append((p, u))
             for shape, items in buckets.items():
+                if shape[0] == "sharded":
+                    self._step_sharded(group, items)
+                    continue
                 K = len(items)
                 chunk = -(-K // world)
                 own = items[rank * chunk:(rank + 1) * chunk]
@@ -177,6 +227,37 @@ class Muon(torch.optim.Optimizer):
                     elif wd: p.mul_(1 - lr * wd)
                     p.add_(o, alpha=-lr * scale)
         return loss
+
+    def _step_sharded(self, group: dict, items: list):
+        """Update FSDP2-sharded matrices `items` [(param, this rank's rows of its momentum update)] of one shape: each
+        matrix's rows gathered whole on the rank that owns it, orthogonalised (and NorMuon-scaled) there, its rows sent
+        back (`sharded_updates`), then decay and update applied to this rank's rows."""
+        lr, wd = group["lr"], group["weight_decay"]
+        dtype = self.ns_dtype or default_ns_dtype(items[0][0].device)
+        def finish(p, o): return normuon_scale(self.state[p], o, group["beta2"]) if group["normuon"] else o
+        outs = sharded_updates(items, lambda U: zeropower_via_newtonschulz5(U, group["ns_steps"], group["coeffs"],
+                                                                            dtype), finish)
+        self.owned.update(p for p, _ in items[owned_slice(len(items), items[0][0])])
+        scale = self.shape_scale(items[0][0].shape)
+        for (p, _), o in zip(items, outs):
+            w = local_shard(p)
+            o = o.view_as(w).to(w.dtype)
+            if wd and group["cautious_wd"]: w.sub_(w * (o * w >= 0), alpha=lr * scale * wd)
+            elif wd: w.mul_(1 - lr * wd)
+            w.add_(o, alpha=-lr * scale)
+
+    def share_owned_state(self):
+        """Give every rank the NorMuon state of every FSDP2-sharded matrix (each rank keeps it for the matrices it
+        orthogonalises): a collective, before `state_dict` consolidates a checkpoint."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        if not any(isinstance(p, DTensor) for p in params): return
+        pg = next(p for p in params if isinstance(p, DTensor)).device_mesh.get_group()
+        mine = {i: self.state[p]["second_moment"] for i, p in enumerate(params)
+                if p in self.owned and "second_moment" in self.state[p]}
+        every = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(every, mine, group=pg)
+        for d in every:
+            for i, v in d.items(): self.state[params[i]]["second_moment"] = v.to(params[i].device)
 
 def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-10) -> Tensor:
     """NorMuon: divide each neuron (row, or column of a wide matrix) of the update `o` [m, n] by its running RMS, keep

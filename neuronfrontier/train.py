@@ -14,7 +14,7 @@ from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, 
 from .data import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader,
                                  val_batches, unigram_bpb)
 from .model import GPT
-from .optim import build_optimizers, lr_multiplier, apply_schedule
+from .optim import build_optimizers, lr_multiplier, apply_schedule, local_shard
 from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
 from .clock import hw_name, synchronize, Watchdog, Clock
@@ -100,7 +100,7 @@ UNIFORM_STRIKES = 3  # consecutive post-warm-up log steps at loss >= ln V - 0.01
 
 def _all_finite(model) -> bool:
     "One host read: are all of `model`'s parameters finite?"
-    return bool(torch.stack([torch.isfinite(p).all() for p in model.parameters()]).all())
+    return bool(torch.stack([torch.isfinite(local_shard(p)).all() for p in model.parameters()]).all())  # own rows
 
 # %% ../nbs/30_train.ipynb #7945d88b
 class Prefetcher:
@@ -291,7 +291,7 @@ def setup(spec: RunSpec) -> Run:
     model = GPT(mcfg).to(dev)
     if ck is not None:
         model.load_state_dict(ck["model"])  # consolidated (all the experts): before --ep gives each rank its own
-    parallel = parallelize(model, world, tcfg.ep, spec.config)   # --ep: each rank keeps its own experts
+    parallel = parallelize(model, world, tcfg.ep, spec.config, tcfg.fsdp)   # --ep: own experts; --fsdp: own rows
     # with --ep Muon orthogonalises each rank's own experts, not a share of all the matrices
     opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)
     loader, rows = rank_loader(train_paths, enc, tcfg, mcfg.seq_len, rank, world, spec.seed)
@@ -537,7 +537,7 @@ def finish(
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
     save_checkpoints(run)
     saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
-    run.parallel.gather(run.model)  # every rank the whole model (again, with sharded experts), to evaluate it
+    model = run.parallel.eval_model(run.model)   # every rank the whole model (sharded experts or rows: gathered)
     man = read_manifest(run.tok_dir)
     res = {
         "status": status,
@@ -590,7 +590,7 @@ def finish(
     # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
     with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
         mine = [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]]   # this rank's share
-        sums = evaluate_sums(run.model, mine, run.token_bytes.to(dev))
+        sums = evaluate_sums(model, mine, run.token_bytes.to(dev))
     if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
     res["val_bpb"] = bpb(*sums.tolist())
     if run.lead:

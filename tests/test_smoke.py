@@ -144,6 +144,14 @@ def _rehearsal(data):
     assert hbm_per_rank(2) == 2 * hbm_per_rank(1) and trn2_backends(ops.parse_backend, "auto").startswith("rms_norm=nki")
 
 
+def _core(data):
+    import tempfile
+    from neuronfrontier.core import write_sample_bundle, byte_tokenizer, bigram_model, evaluate_core
+    with tempfile.TemporaryDirectory() as d:   # the sample bundle: CORE = 22/45 by hand (notebook 31_core)
+        res = evaluate_core(bigram_model(), byte_tokenizer(), write_sample_bundle(d), "cpu", log=lambda *a: None)
+    assert abs(res["core"] - 22 / 45) < 1e-9
+
+
 def _cli(data):
     from neuronfrontier.cli import main
     assert main(["info", "--config", "cpu-micro"]) == 0
@@ -155,6 +163,7 @@ CALLS = {
     "neuronfrontier.checkpoint": _checkpoint,
     "neuronfrontier.cli": _cli,
     "neuronfrontier.clock": _clock,
+    "neuronfrontier.core": _core,
     "neuronfrontier.config": lambda data: importlib.import_module("neuronfrontier.config").resolve("cpu-micro"),
     "neuronfrontier.data": lambda data: importlib.import_module("neuronfrontier.data").load_tokenizer(data / "tokenizer"),
     "neuronfrontier.diagnostics": _diagnostics,
@@ -180,6 +189,7 @@ CALLS = {
     "neuronfrontier.model": lambda data: _micro()(torch.randint(0, 8192, (1, 16))),
     "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
+    "neuronfrontier.plan": lambda data: importlib.import_module("neuronfrontier.plan").parse_duration("4h") == 14400,
     "neuronfrontier.sim": _sim,
     "neuronfrontier.sim.tensor": lambda data: importlib.import_module("neuronfrontier.sim.tensor")._dtype("bfloat16"),
     "neuronfrontier.sim.trace": lambda data: importlib.import_module("neuronfrontier.sim.trace").zeros((128, 4), "float32"),

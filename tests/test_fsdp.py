@@ -1,0 +1,87 @@
+"Sharded training (`--fsdp`, FSDP2) on the CPU (gloo): 4 ranks against one process, consolidated checkpoints, a resume."
+import json, os, signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cli
+from test_dist import _tree, _wait_for_steps, _losses
+from neuronfrontier.checkpoint import load_for_eval
+from neuronfrontier.data import find_shards, load_tokenizer, val_batches
+from neuronfrontier.evaluate import evaluate_bpb
+
+# the same global batch of 8 rows on any number of ranks, each rank its rows of the same packed batch
+SAME_ROWS = ["--set", "global_batch_tokens=4096", "--set", "data_sharding=global", "--set", "eval_tokens=8192", "--quiet"]
+FSDP = os.environ.get("NF_TEST_FSDP_FLAG", "--fsdp").split()
+
+
+def _train(pydocs, out, nproc, *extra, steps=6):
+    return cli("train", "--config", "cpu-tiny", "--steps", steps, "--nproc", nproc, "--data", pydocs, "--out", out,
+               *SAME_ROWS, *extra)
+
+
+@pytest.fixture(scope="module")
+def runs(pydocs, tmp_path_factory):
+    "cpu-tiny (the kit's recipe, bf16 autocast), 6 steps: {1: one process, 4: four sharded ranks}."
+    out = {}
+    for key, nproc, extra in ((1, 1, []), (4, 4, FSDP)):
+        d = tmp_path_factory.mktemp("fsdp") / f"run{key}"
+        r = _train(pydocs, d, nproc, *extra)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[key] = d
+    return out
+
+
+# One process computes the gradient of all 8 rows in one bf16 matmul; sharded ranks compute 2 rows each and
+# reduce-scatter fp32 sums in another order. The roundings differ (~1e-3 relative in a bf16 product), Muon's bf16
+# Newton–Schulz carries them on, and the losses drift apart slowly: after 6 steps we require 2e-3 relative
+# (measured 6.8e-4 at 4 ranks; four data-parallel ranks, unsharded, differ from one process by as much).
+def test_four_sharded_ranks_train_what_one_process_trains(pydocs, runs):
+    one, four = _losses(runs[1]), _losses(runs[4])
+    worst = max(abs(a - b) / a for a, b in zip(one, four))
+    print(f"1 process vs 4 sharded ranks, 6 steps: worst relative loss difference {worst:.2e}")
+    assert len(one) == len(four) == 6 and worst < 2e-3
+    assert abs(one[0] - four[0]) / one[0] < 1e-6   # the first loss: the same weights and rows
+    res1, res4 = (json.loads((runs[k] / "result.json").read_text()) for k in (1, 4))
+    assert res4["config"]["train"]["fsdp"] is True and res4["world_size"] == 4
+    assert (res4["global_batch"], res4["tokens"]) == (res1["global_batch"], res1["tokens"])
+    assert abs(res4["val_bpb"] - res1["val_bpb"]) < 1e-3
+    # model.pt is consolidated: one process scores it as the sharded run's own (gathered) evaluation did
+    ck = torch.load(runs[4] / "model.pt", weights_only=True)
+    ref = torch.load(runs[1] / "model.pt", weights_only=True)
+    assert ck["model"].keys() == ref["model"].keys()
+    assert all(ck["model"][k].shape == v.shape and type(ck["model"][k]) is torch.Tensor for k, v in ref["model"].items())
+    enc, tb = load_tokenizer(pydocs / "tokenizer")
+    vb = val_batches(find_shards(pydocs)[1], enc, 512, 8192, 8)
+    single = evaluate_bpb(load_for_eval(runs[4] / "model.pt", torch.device("cpu")), vb, tb)
+    assert abs(single - res4["val_bpb"]) < 1e-9 * single, (single, res4["val_bpb"])
+    rs = torch.load(runs[4] / "resume.pt", weights_only=True)   # every optimizer state whole, NorMuon's included
+    muon = rs["optimizers"][0]["state"]
+    assert all(st["momentum_buffer"].shape == ck["model"][k].shape for st, k in
+               zip(muon.values(), [k for k in ck["model"] if k.startswith("blocks.") and ck["model"][k].ndim == 2]))
+    assert all("second_moment" in st for st in muon.values())
+
+
+def test_a_killed_sharded_run_resumes_bit_identically(pydocs, tmp_path, runs):
+    "kill -9 of a 2-rank sharded run at some step; --resume continues from its consolidated checkpoint, bit for bit."
+    import subprocess, sys
+    out = tmp_path / "killed"
+    exe = Path(sys.executable).parent / "neuronfrontier"
+    p = subprocess.Popen([str(exe), "train", "--config", "cpu-tiny", "--steps", "6", "--nproc", "2", "--data", str(pydocs),
+                          "--out", str(out), *SAME_ROWS, *FSDP, "--ckpt-every", "0.01", "--set", "log_every=1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    _wait_for_steps(out, 3, p)
+    for pid in reversed(_tree(p.pid)): os.kill(pid, signal.SIGKILL)
+    p.communicate(timeout=60)
+    done = torch.load(out / "resume.pt", weights_only=True)["state"]["step"]
+    assert 1 <= done < 6 and not (out / "result.json").exists()
+    r = _train(pydocs, out, 2, *FSDP, "--resume", "--set", "log_every=1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = cli("train", "--config", "cpu-tiny", "--steps", 6, "--nproc", 2, "--data", pydocs, "--out", tmp_path / "ref",
+              *SAME_ROWS, *FSDP, "--set", "log_every=1")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    resumed, straight = _losses(out), _losses(tmp_path / "ref")
+    print(f"2 sharded ranks: killed with a checkpoint at step {done}; losses {resumed} vs {straight}")
+    assert resumed == straight   # bit for bit: before the checkpoint and every step after it
+    a, b = (json.loads((d / "result.json").read_text())["val_bpb"] for d in (out, tmp_path / "ref"))
+    assert a == b
