@@ -62,7 +62,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     gib = lambda b: f"{b / 2**30:.3f}"
     print(f"{a.config}: training state per rank after one step, GiB (counted on CPU; activations aside)")
-    print(f"{'ranks':>5}  {'data parallel':>14}  {'--fsdp (max rank)':>18}  {'ratio':>6}  fsdp: params / grads / optimizer")
+    print(f"{'ranks':>5}  {'data parallel':>14}  {'--fsdp (max rank)':>18}  {'ratio':>6}  "
+          "fsdp: params / grads / optimizer")
     for n in a.nproc:
         dp, fs = measure(a.config, n, a.seq_len, False), measure(a.config, n, a.seq_len, True)
         total = lambda r: r["params"] + r["grads"] + r["optimizer"]

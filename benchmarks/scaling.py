@@ -18,8 +18,11 @@ tok/s) and `holdout`: `predict` writes the prediction (the fit's val_bpb and its
 from) before `holdout` trains the run and adds the measurement; `holdout` refuses to run without a prediction.
 Numbers are measured on whatever machine runs the script: label them so when you quote them.
 """
-import argparse, json, os, platform, shlex, subprocess, sys, time
+import argparse, json, os, shlex, sys, time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ablation   # noqa: E402  (the machine and commit description the results files share)
 
 ROOT = Path(__file__).resolve().parents[1]
 WIDTHS, STEPS = (128, 256, 384), (40, 80, 160)
@@ -29,21 +32,11 @@ CONFIG = "cpu-tiny"
 
 
 def describe_machine() -> str:
-    "This machine's CPU model and the CPUs this process may use."
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration): model = platform.processor() or platform.machine()
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model}, {n} CPUs, shared with other work; one thread per run"
+    "This machine's CPU model and the CPUs this process may use, as the grid's runs use them."
+    return f"{ablation.describe_machine()}, shared with other work; one thread per run"
 
 
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError): return None
-    return out.stdout.strip() or None
+def git_commit() -> str | None: return ablation._git_commit()
 
 
 def run_row(width: int, steps: int, run: dict) -> dict:
@@ -127,7 +120,8 @@ def main(argv=None):
             date=time.strftime("%Y-%m-%d %H:%M"), commit=git_commit()))
         save(path, doc)
         p = doc["holdout"]["prediction"]
-        print(f"predicted val_bpb of d={HOLDOUT['width']}, {HOLDOUT['steps']} steps: {p['val_bpb']:.4f} ± {p['error']}")
+        print(f"predicted val_bpb of d={HOLDOUT['width']}, {HOLDOUT['steps']} steps: "
+              f"{p['val_bpb']:.4f} ± {p['error']}")
         return 0
     if not doc.get("holdout", {}).get("prediction"):
         sys.exit("no prediction recorded: run `python benchmarks/scaling.py predict` before the held-out run")

@@ -79,7 +79,8 @@ def _run_flags(p):
                         "1 or --nnodes > 1)")
     p.add_argument("--nnodes", type=int, default=1,
                    help="machines, each running this same command with --nproc processes (torchrun c10d rendezvous)")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's index among --nnodes (passed to torchrun)")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this machine's index among --nnodes, passed to torchrun (c10d orders the machines itself)")
     p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                    help="where the --nnodes machines meet: the first machine's address and a free port")
     p.add_argument("--quiet", action="store_true", help="no per-step progress")
@@ -234,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/plan/preset.json", help="where the preset JSON goes")
     p.add_argument("--fit", default=None, help="scaling results file (default nbs/results/scaling_fit.json) or "
                                                "'chinchilla' for the published coefficients")
-    p.add_argument("--mfu", type=float, default=0.30, help="achieved MFU assumed (default 0.30)")
+    p.add_argument("--mfu", type=float, default=None, help="achieved MFU assumed (default plan.ASSUMED_MFU, 0.30)")
     p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)")
     p.add_argument("--startup", default="600s", help="start-up allowance taken off the budget (default 600s)")
     p.add_argument("--data-tokens", type=float, default=4e11, help="unique training tokens (default 4e11)")
@@ -305,6 +306,8 @@ def _check_machines(a):
                             f"free port), got {a.rdzv_endpoint!r}")
         if not 0 <= a.node_rank < a.nnodes:
             raise UserError(f"--node-rank {a.node_rank}: must be in [0, {a.nnodes}) for --nnodes {a.nnodes}")
+    if a.fsdp and a.nproc * a.nnodes == 1:
+        raise UserError("--fsdp shards over processes: it needs --nproc > 1 or --nnodes > 1 (one process holds all)")
     if a.fsdp and a.ep != 1:
         raise UserError(f"--fsdp with --ep {a.ep}: not combined yet; --fsdp alone shards the experts too")
     if a.fsdp: a.sets = [*a.sets, "fsdp=true"]   # travels to the ranks as a --set
@@ -412,11 +415,7 @@ def _eval(a) -> int:
     from neuronfrontier.checkpoint import load_for_eval, load_checkpoint
     from neuronfrontier.evaluate import evaluate_bpb
     if not Path(a.checkpoint).exists(): raise UserError(f"checkpoint {a.checkpoint} does not exist")
-    if a.core_max_per_task is not None and a.core_max_per_task < 1:
-        raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
-    if a.core is not None:
-        from neuronfrontier.core import load_bundle
-        load_bundle(a.core)   # a missing or broken bundle fails before anything is scored
+    _check_core(a)
     dev = pick_device(a.device)
     ck = load_checkpoint(a.checkpoint)  # a truncated or corrupt file: one line naming it
     tc = ck.get("train_config", {})
@@ -436,26 +435,38 @@ def _eval(a) -> int:
         print(f"val_bpb={evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], tb.to(dev)):.4f}")
     else:
         print(f"val_bpb: not scored (no shards in {d})")
-    if a.core is not None:
-        from neuronfrontier.core import evaluate_core, core_table
-        res = evaluate_core(model, enc, a.core, dev, a.core_max_per_task)
-        print(core_table(res))
-        print(f"core={res['core']:.4f}")
+    if a.core is not None: _print_core(model, enc, a, dev)
     return 0
+
+def _check_core(a):
+    "One-line errors for --core and --core-max-per-task before anything is trained or scored."
+    if a.core_max_per_task is not None and a.core_max_per_task < 1:
+        raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
+    if a.core is None: return
+    from neuronfrontier.core import load_bundle
+    tasks = load_bundle(a.core)   # a missing or broken bundle fails here
+    shots = max(t.num_fewshot for t in tasks)
+    if a.core_max_per_task is not None and a.core_max_per_task <= shots:
+        raise UserError(f"--core-max-per-task {a.core_max_per_task}: the bundle has {shots}-shot tasks, whose prompts "
+                        f"need at least {shots + 1} items; use {shots + 1} or more")
+
+def _print_core(model, enc, a, dev):
+    "CORE of `model` on the bundle `a.core`: the per-task table, then `core=...`."
+    from neuronfrontier.core import evaluate_core, core_table
+    res = evaluate_core(model, enc, a.core, dev, a.core_max_per_task)
+    print(core_table(res))
+    print(f"core={res['core']:.4f}")
 
 def _speedrun_core(a) -> int:
     "`speedrun --core`: the trained model.pt scored on CORE, its table after the run's."
     from neuronfrontier.checkpoint import load_for_eval
     from neuronfrontier.clock import pick_device
-    from neuronfrontier.core import evaluate_core, core_table
     from neuronfrontier.data import load_tokenizer
     out = Path(a.out)
     if not (out / "model.pt").exists(): return 0   # a many-machine run whose rank 0 is elsewhere
     dev = pick_device(a.device)
     enc, _ = load_tokenizer(_data_dir(a) / "tokenizer")
-    res = evaluate_core(load_for_eval(str(out / "model.pt"), dev), enc, a.core, dev, a.core_max_per_task)
-    print(core_table(res))
-    print(f"core={res['core']:.4f}")
+    _print_core(load_for_eval(str(out / "model.pt"), dev), enc, a, dev)
     return 0
 
 def _sweep(a) -> int:
@@ -465,7 +476,8 @@ def _sweep(a) -> int:
         raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
     if a.resume: raise UserError("--resume does not apply to sweep: run the same sweep command again and it resumes")
     if a.nproc != 1: raise UserError("--nproc does not apply to sweep: its runs are single-process (use --jobs)")
-    if a.ep != 1: raise UserError("--ep does not apply to sweep: its runs are single-process")
+    if a.ep != 1 or a.fsdp or a.nnodes != 1:
+        raise UserError("--ep, --fsdp and --nnodes do not apply to sweep: its runs are single-process")
     if a.ckpt_every or a.budget_mode or a.startup_allowance:
         raise UserError("--ckpt-every, --budget-mode, --startup-allowance do not apply to sweep")
     settings = grid_settings(parse_grid(a.grid), a.random, a.sample_seed)
@@ -612,11 +624,7 @@ def main(argv=None) -> int:
         if a.cmd == "speedrun":
             if a.steps is None and a.budget <= 0:
                 raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
-            if a.core_max_per_task is not None and a.core_max_per_task < 1:
-                raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
-            if a.core is not None:
-                from neuronfrontier.core import load_bundle
-                load_bundle(a.core)   # a missing or broken bundle fails before the training, not after it
+            _check_core(a)   # before the training, not after it
             _prepare(a)
             rc = _train(a)
             return _speedrun_core(a) or rc if a.core is not None and rc == 0 else rc

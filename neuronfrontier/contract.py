@@ -235,8 +235,9 @@ def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
     return tmp / "model.pt"
 
 def launch_shape(line: str) -> tuple[int, int]:
-    "(nproc, lnc) of a launch line `check_launch` accepted."
-    return (int(re.search(r"--nproc_per_node[= ](\d+)", line).group(1)),
+    "(ranks, lnc) of a launch line `check_launch` accepted: `--nproc_per_node` on each of its `--nnodes` machines."
+    nnodes = re.search(r"--nnodes=(\d+)", line)
+    return (int(re.search(r"--nproc_per_node[= ](\d+)", line).group(1)) * (int(nnodes.group(1)) if nnodes else 1),
             int(re.search(r"NEURON_LOGICAL_NC_CONFIG=(\d+)", line).group(1)))
 
 def _rehearsal_row(d: Path, line: str) -> tuple[bool, str]:

@@ -279,7 +279,8 @@ def evaluate_core(model, enc: tiktoken.Encoding, bundle_dir, device, max_per_tas
                   max_len: int | None = None) -> dict:
     """CORE of `model` on the bundle in `bundle_dir`: `{"tasks": {label: {type, shots, items, baseline, accuracy,
     centered, seconds}}, "core": mean of the centred accuracies}`. Each task's items are shuffled by
-    `random.Random(1337)` and cut to `max_per_task` (None: all); `max_len` defaults to the model's `max_seq_len`."""
+    `random.Random(1337)` and cut to `max_per_task` (None: all); `max_len` defaults to the model's `max_seq_len` when
+    it has one, as in nanochat (our GPT has none: no cropping)."""
     tasks = load_bundle(bundle_dir)
     if max_len is None: max_len = getattr(model, "max_seq_len", None)
     was_training = getattr(model, "training", False)

@@ -113,8 +113,9 @@ def parallelize(model, world: int, ep: int = 1, config: str = "the model", fsdp:
 
 # %% ../nbs/27_distributed.ipynb #666c0f44
 def full_state(t):
-    "The whole tensor (an all-gather for a DTensor; every rank calls it) of `t`, anything else unchanged."
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole of `t` on the host (an all-gather for a DTensor, every rank calling it, moved off the device at once,
+    so a rank never holds more than one whole tensor there); anything else unchanged."""
+    return t.full_tensor().cpu() if isinstance(t, DTensor) else t
 
 def _shard_like(v, p):
     "Optimizer state `v` of parameter `p` as `p` is placed (sharded like it when it has its shape)."

@@ -252,7 +252,7 @@ class Muon(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         if not any(isinstance(p, DTensor) for p in params): return
         pg = next(p for p in params if isinstance(p, DTensor)).device_mesh.get_group()
-        mine = {i: self.state[p]["second_moment"] for i, p in enumerate(params)
+        mine = {i: self.state[p]["second_moment"].cpu() for i, p in enumerate(params)   # pickled on the host
                 if p in self.owned and "second_moment" in self.state[p]}
         every = [None] * dist.get_world_size(pg)
         dist.all_gather_object(every, mine, group=pg)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/94_plan.ipynb #da586d70
 from __future__ import annotations
-import argparse, itertools, json, re, time
+import itertools, json, re, time
 from dataclasses import asdict, replace
 from pathlib import Path
 import numpy as np
@@ -20,8 +20,7 @@ from .rehearsal import HBM_MARGIN, hbm_per_rank
 __all__ = ['CHINCHILLA', 'K_LAYER', 'K_OUTSIDE', 'ASSUMED_MFU', 'STARTUP_S', 'DATA_TOKENS', 'ASPECT', 'DEPTHS', 'SHAPE_FIELDS',
            'CAVEAT', 'CAVEAT_PUBLISHED', 'NOT_MODELLED', 'nonneg_lstsq', 'law', 'fit_scaling', 'predict',
            'compute_optimal', 'memory_per_rank', 'memory_limit', 'batch_rule', 'kit_shape', 'largest_fitting_rows',
-           'load_fit', 'extrapolation', 'plan', 'preset', 'format_plan', 'parse_duration', 'cli_plan', 'plan_parser',
-           'plan_main']
+           'load_fit', 'extrapolation', 'plan', 'preset', 'format_plan', 'parse_duration', 'cli_plan']
 
 # %% ../nbs/94_plan.ipynb #6334f041
 _SUBSETS = [cols for k in (3, 2, 1) for cols in itertools.combinations(range(3), k)]
@@ -369,7 +368,8 @@ def parse_duration(text, flag: str = "--budget") -> float:
 def cli_plan(a) -> int:
     """`neuronfrontier plan`: the plan for `a.budget` on `a.chips` chips printed, its preset written to `a.out`
     (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens)."""
-    p = plan(parse_duration(a.budget), a.chips, fit=a.fit, mfu=a.mfu, lnc=a.lnc,
+    if not a.data_tokens > 0: raise ValueError(f"--data-tokens {a.data_tokens:g}: must be > 0 (ClimbMix: 4e11)")
+    p = plan(parse_duration(a.budget), a.chips, fit=a.fit, mfu=ASSUMED_MFU if a.mfu is None else a.mfu, lnc=a.lnc,
              startup_s=parse_duration(a.startup, "--startup"), data_tokens=a.data_tokens)
     print(format_plan(p))
     out = Path(a.out)
@@ -377,25 +377,3 @@ def cli_plan(a) -> int:
     out.write_text(json.dumps(preset(p), indent=1, ensure_ascii=False) + "\n")
     print(f"preset: {out}")
     return 0
-
-def plan_parser() -> argparse.ArgumentParser:
-    "The arguments of `neuronfrontier plan` (the CLI adds the same ones to its `plan` subcommand)."
-    p = argparse.ArgumentParser(prog="neuronfrontier plan", description="a Phase-2 preset from the scaling fit")
-    p.add_argument("--budget", required=True, help="wall-clock budget: 4h, 30m, 90s or seconds")
-    p.add_argument("--chips", type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)")
-    p.add_argument("--out", default="runs/plan/preset.json", help="where the preset JSON goes")
-    p.add_argument("--fit", default=None, help="scaling results file (default nbs/results/scaling_fit.json) or "
-                                               "'chinchilla' for the published coefficients")
-    p.add_argument("--mfu", type=float, default=ASSUMED_MFU, help="achieved MFU assumed (default 0.30)")
-    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)")
-    p.add_argument("--startup", default="600s", help="start-up allowance taken off the budget (default 600s)")
-    p.add_argument("--data-tokens", type=float, default=DATA_TOKENS, help="unique training tokens (default 4e11)")
-    return p
-
-def plan_main(argv=None) -> int:
-    "`neuronfrontier plan` on its own: exit code 0, or 2 with a one-line error."
-    import sys
-    try: return cli_plan(plan_parser().parse_args(argv))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {config.first_line(e) or type(e).__name__}", file=sys.stderr)
-        return 2

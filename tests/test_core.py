@@ -39,7 +39,8 @@ def test_eval_core_scores_the_sample_as_worked_out_by_hand(sample):
     assert r.stdout.splitlines()[0] == f"val_bpb: not scored (no shards in {sample / 'data'})"
     rows = _rows(r.stdout)
     assert list(rows) == ["sample_mc", "sample_schema", "sample_lm"]
-    # The bigram model (strength 20) predicts the successor of the token before: a→b … y→z, z→' ', ' '→a, ':'→' '.
+    # The bigram model (strength 20) predicts the successor of the token before:
+    # a→b … y→z, z→' ', ' '→a, ':'→' '.
     # A token costs ~0 nats when it is that successor, ~20 when it is not (every scored context has a successor).
     # sample_mc (1-shot, delimiter ' ', baseline 25%): mean loss over each choice's tokens after the shared prefix;
     #   'abc':    def 20/3, dfe 60/3, xz 40/2, zyx 60/3  → def = gold: right
@@ -77,7 +78,8 @@ def test_eval_core_bad_bundle_is_one_line_and_exit_2(sample, tmp_path):
 
 def test_prepare_core_from_a_local_archive(sample, tmp_path):
     sha = file_sha256(sample / "eval_bundle.zip")
-    r = cli("prepare", "--core", "--core-url", sample / "eval_bundle.zip", "--core-dir", tmp_path / "b", "--core-sha256", sha)
+    r = cli("prepare", "--core", "--core-url", sample / "eval_bundle.zip", "--core-dir", tmp_path / "b",
+            "--core-sha256", sha)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == f"ready: {tmp_path / 'b'}"
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["core.yaml", "eval_data", "eval_meta_data.csv"]
@@ -132,7 +134,7 @@ def test_prepare_core_retries_a_flaky_server_and_resumes(sample, tmp_path):
 
 
 def test_speedrun_core_scores_the_run_it_trained(sample, pydocs, tmp_path):
-    "`speedrun --core`: the trained model.pt scored on the bundle after the run's own table; a broken bundle fails first."
+    "`speedrun --core`: the trained model.pt scored after the run's own table; a broken bundle fails first."
     r = cli("speedrun", "--config", "cpu-micro", "--steps", "2", "--data", pydocs, "--out", tmp_path / "run",
             "--set", "eval_tokens=4096", "--quiet", "--core", sample / "eval_bundle")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -142,3 +144,10 @@ def test_speedrun_core_scores_the_run_it_trained(sample, pydocs, tmp_path):
     bad = cli("speedrun", "--config", "cpu-micro", "--steps", "2", "--data", pydocs, "--out", tmp_path / "bad",
               "--core", tmp_path / "nowhere")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "bad").exists(), bad.stderr
+
+
+def test_too_few_items_for_the_shots_fail_before_scoring(sample):
+    "--core-max-per-task at or below a task's shots: one line and exit 2 before any task is scored (nothing printed)."
+    r = cli("eval", sample / "model.pt", "--core", sample / "eval_bundle", "--data", sample / "data", "--device", "cpu",
+            "--core-max-per-task", "1")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "-shot tasks" in r.stderr and r.stdout == "", r

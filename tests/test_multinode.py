@@ -30,10 +30,13 @@ def test_bad_machine_flags_fail_in_one_line(tmp_path, pydocs):
     for extra, why in ((["--nnodes", "2"], "--rdzv-endpoint HOST:PORT"),
                        (["--nnodes", "2", "--rdzv-endpoint", "localhost"], "--rdzv-endpoint HOST:PORT"),
                        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "localhost:1234"], "--node-rank 2"),
-                       (["--nnodes", "0"], "--nnodes 0")):
+                       (["--nnodes", "0"], "--nnodes 0"),
+                       (["--fsdp"], "--fsdp shards over processes")):
         r = cli("train", "--config", "cpu-micro", "--steps", "1", "--data", pydocs, "--out", tmp_path / "x", *extra)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and why in r.stderr, (extra, r.stderr)
     assert not (tmp_path / "x").exists()
+    r = cli("sweep", "--config", "cpu-micro", "--steps", "1", "--grid", "seed=0", "--fsdp", "--out", tmp_path / "s")
+    assert r.returncode == 2 and "do not apply to sweep" in r.stderr, r.stderr
 
 
 def test_two_machines_on_localhost_train_and_checkpoint(pydocs, tmp_path):
