@@ -450,15 +450,16 @@ def _check_core(a):
         raise UserError(f"--core-max-per-task {a.core_max_per_task}: the bundle has {shots}-shot tasks, whose prompts "
                         f"need at least {shots + 1} items; use {shots + 1} or more")
 
-def _print_core(model, enc, a, dev):
-    "CORE of `model` on the bundle `a.core`: the per-task table, then `core=...`."
+def _print_core(model, enc, a, dev) -> dict:
+    "CORE of `model` on the bundle `a.core`: the per-task table, then `core=...`; returns the scores."
     from neuronfrontier.core import evaluate_core, core_table
     res = evaluate_core(model, enc, a.core, dev, a.core_max_per_task)
     print(core_table(res))
     print(f"core={res['core']:.4f}")
+    return res
 
 def _speedrun_core(a) -> int:
-    "`speedrun --core`: the trained model.pt scored on CORE, its table after the run's."
+    "`speedrun --core`: the trained model.pt scored on CORE, its table after the run's, its scores in result.json."
     from neuronfrontier.checkpoint import load_for_eval
     from neuronfrontier.clock import pick_device
     from neuronfrontier.data import load_tokenizer
@@ -466,7 +467,10 @@ def _speedrun_core(a) -> int:
     if not (out / "model.pt").exists(): return 0   # a many-machine run whose rank 0 is elsewhere
     dev = pick_device(a.device)
     enc, _ = load_tokenizer(_data_dir(a) / "tokenizer")
-    _print_core(load_for_eval(str(out / "model.pt"), dev), enc, a, dev)
+    res = _print_core(load_for_eval(str(out / "model.pt"), dev), enc, a, dev)
+    result = json.loads((out / "result.json").read_text())
+    result |= {"core": res["core"], "core_tasks": res["tasks"], "core_bundle": str(a.core)}
+    (out / "result.json").write_text(json.dumps(result, indent=2))
     return 0
 
 def _sweep(a) -> int:

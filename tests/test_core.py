@@ -1,7 +1,7 @@
 """CORE through the command line (notebook 31_core): `eval --core` on the sample bundle with the bigram checkpoint,
 whose every score is worked out by hand below, and `prepare --core` from a local archive, with a wrong checksum, and
 from a server that fails twice."""
-import http.server, shutil, threading, zipfile
+import http.server, json, shutil, threading, zipfile
 import pytest
 from conftest import cli
 from neuronfrontier.checkpoint import save_model
@@ -141,6 +141,8 @@ def test_speedrun_core_scores_the_run_it_trained(sample, pydocs, tmp_path):
     lines = r.stdout.splitlines()
     assert any(l.startswith("val_bpb=") for l in lines) and lines[-1].startswith("core=")
     assert set(_rows(r.stdout)) and -1 <= float(lines[-1].split("=")[1]) <= 1
+    res = json.loads((tmp_path / "run" / "result.json").read_text())   # the run's record carries its CORE too
+    assert f"core={res['core']:.4f}" == lines[-1] and set(res["core_tasks"]) == set(_rows(r.stdout))
     bad = cli("speedrun", "--config", "cpu-micro", "--steps", "2", "--data", pydocs, "--out", tmp_path / "bad",
               "--core", tmp_path / "nowhere")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and not (tmp_path / "bad").exists(), bad.stderr
