@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast, builtins, importlib.util, json, re, subprocess, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import first_line
+from .config import first_line, rendezvous_flags
 from .submission import (KIT_DATA_DIR, KIT_TOKENIZER_DIR, COMPETITION_BUDGET_S, ALLOWED_NPROC, ALLOWED_LNC,
                                        ALLOWED_PACKAGES, NEURON_PACKAGES)
 
@@ -841,13 +841,8 @@ def launch_line(nproc: int = 8, lnc: int = 1, nnodes: int = 1, rdzv_endpoint: st
             f"--nproc {nproc}: a submission launches 1, 4 or 8 processes (8 × LNC 1 or 4 × LNC 2 is the whole chip)"
         )
     if lnc not in ALLOWED_LNC: raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
-    if nnodes < 1: raise ValueError(f"--nnodes {nnodes}: at least one machine")
-    if nnodes == 1: return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --standalone --nproc_per_node={nproc} train.py"
-    if not rdzv_endpoint or not re.fullmatch(r"[A-Za-z0-9.\-]+:\d+", rdzv_endpoint):
-        raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the first machine's address), "
-                         f"got {rdzv_endpoint!r}")
-    return (f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun --nnodes={nnodes} --rdzv-backend=c10d "
-            f"--rdzv-endpoint={rdzv_endpoint} --rdzv-id=neuronfrontier --nproc_per_node={nproc} train.py")
+    meet = " ".join(rendezvous_flags(nnodes, rdzv_endpoint))   # the same line on every machine: no node rank
+    return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun {meet} --nproc_per_node={nproc} train.py"
 
 def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=(), fit_note="") -> str:
     from neuronfrontier.config import config_dict, setting_sources, recipe_names

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
-from .config import first_line
+from .config import first_line, rendezvous_flags
 
 # %% auto #0
 __all__ = ['DEFAULT_DATA', 'DEFAULT_CORE', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mfu", type=float, default=None, help="achieved MFU assumed (default plan.ASSUMED_MFU, 0.30)")
     p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)")
     p.add_argument("--startup", default="600s", help="start-up allowance taken off the budget (default 600s)")
-    p.add_argument("--data-tokens", type=float, default=4e11, help="unique training tokens (default 4e11)")
+    p.add_argument("--data-tokens", type=float, default=None, help="unique training tokens (default plan.DATA_TOKENS, "
+                                                                      "4e11)")
     return ap
 
 # %% ../nbs/99_cli.ipynb #4050a2e3
@@ -290,20 +291,10 @@ def ckpt_every(a) -> float | None:
     if a.ckpt_every is None: return 600.0 if a.cmd == "train" and a.steps is None and a.budget >= LONG_RUN_S else None
     return a.ckpt_every or None
 
-def _rendezvous(a) -> list[str]:
-    "torchrun's flags for where the processes meet: `--standalone` on one machine, c10d at --rdzv-endpoint on many."
-    if a.nnodes == 1: return ["--standalone"]
-    return [f"--nnodes={a.nnodes}", f"--node-rank={a.node_rank}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={a.rdzv_endpoint}", "--rdzv-id=neuronfrontier"]
-
 def _check_machines(a):
     "One-line errors for --nnodes, --node-rank, --rdzv-endpoint and --fsdp before any process starts."
-    if a.nnodes < 1: raise UserError(f"--nnodes {a.nnodes}: must be >= 1")
+    rendezvous_flags(a.nnodes, a.rdzv_endpoint)   # a bad --nnodes or --rdzv-endpoint: one line
     if a.nnodes > 1:
-        host, _, port = (a.rdzv_endpoint or "").rpartition(":")
-        if not host or not port.isdigit():
-            raise UserError(f"--nnodes {a.nnodes} needs --rdzv-endpoint HOST:PORT (the first machine's address and a "
-                            f"free port), got {a.rdzv_endpoint!r}")
         if not 0 <= a.node_rank < a.nnodes:
             raise UserError(f"--node-rank {a.node_rank}: must be in [0, {a.nnodes}) for --nnodes {a.nnodes}")
     if a.fsdp and a.nproc * a.nnodes == 1:
@@ -318,7 +309,7 @@ def torchrun_argv(a, out: Path) -> list[str]:
         sys.executable,
         "-m",
         "torch.distributed.run",
-        *_rendezvous(a),
+        *rendezvous_flags(a.nnodes, a.rdzv_endpoint, a.node_rank if a.nnodes > 1 else None),
         f"--nproc_per_node={a.nproc}",
         "-m",
         "neuronfrontier.cli",
@@ -458,20 +449,19 @@ def _print_core(model, enc, a, dev) -> dict:
     print(f"core={res['core']:.4f}")
     return res
 
-def _speedrun_core(a) -> int:
+def _speedrun_core(a):
     "`speedrun --core`: the trained model.pt scored on CORE, its table after the run's, its scores in result.json."
     from neuronfrontier.checkpoint import load_for_eval
     from neuronfrontier.clock import pick_device
     from neuronfrontier.data import load_tokenizer
     out = Path(a.out)
-    if not (out / "model.pt").exists(): return 0   # a many-machine run whose rank 0 is elsewhere
+    if not (out / "model.pt").exists(): return   # a many-machine run whose rank 0 is elsewhere
     dev = pick_device(a.device)
     enc, _ = load_tokenizer(_data_dir(a) / "tokenizer")
     res = _print_core(load_for_eval(str(out / "model.pt"), dev), enc, a, dev)
     result = json.loads((out / "result.json").read_text())
     result |= {"core": res["core"], "core_tasks": res["tasks"], "core_bundle": str(a.core)}
     (out / "result.json").write_text(json.dumps(result, indent=2))
-    return 0
 
 def _sweep(a) -> int:
     from neuronfrontier.sweep import parse_grid, grid_settings, run_sweep
@@ -631,7 +621,8 @@ def main(argv=None) -> int:
             _check_core(a)   # before the training, not after it
             _prepare(a)
             rc = _train(a)
-            return _speedrun_core(a) or rc if a.core is not None and rc == 0 else rc
+            if a.core is not None and rc == 0: _speedrun_core(a)
+            return rc
         if a.cmd == "eval": return _eval(a)
         if a.cmd == "sweep": return _sweep(a)
         if a.cmd == "info": return _info(a)

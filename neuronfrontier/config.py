@@ -4,13 +4,14 @@
 
 # %% ../nbs/01_config.ipynb #b645d86d
 from __future__ import annotations
+import re
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
            'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig',
-           'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'recipe_names', 'resolve', 'config_dict',
-           'setting_sources']
+           'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names',
+           'resolve', 'config_dict', 'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -363,6 +364,18 @@ def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[Mo
 def first_line(e: BaseException, limit: int = 160) -> str:
     "The first line of an exception's message, at most `limit` characters ('' for an empty message)."
     return (str(e).strip().splitlines() or [""])[0][:limit]
+
+# %% ../nbs/01_config.ipynb #b8fa1fae
+def rendezvous_flags(nnodes: int = 1, endpoint: str | None = None, node_rank: int | None = None) -> list[str]:
+    "torchrun's flags for where `nnodes` machines' processes meet (`node_rank`: passed on when given)."
+    if nnodes < 1: raise ValueError(f"--nnodes {nnodes}: must be >= 1")
+    if nnodes == 1: return ["--standalone"]
+    if not endpoint or not re.fullmatch(r"[A-Za-z0-9.\-]+:\d+", endpoint):
+        raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the first machine's address and a free "
+                         f"port), got {endpoint!r}")
+    rank = [] if node_rank is None else [f"--node-rank={node_rank}"]
+    return [f"--nnodes={nnodes}", *rank, "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            "--rdzv-id=neuronfrontier"]
 
 # %% ../nbs/01_config.ipynb #73d3dc2b
 RECIPES: dict[str, list[str]] = {

@@ -5,7 +5,7 @@ it — the bundle, few-shot prompts, continuation scoring, centred accuracies an
 
 # %% ../nbs/31_core.ipynb #2eef0d9e
 from __future__ import annotations
-import csv, http.client, json, os, random, shutil, tempfile, time, urllib.error, urllib.parse, urllib.request, zipfile
+import csv, json, os, random, tempfile, time, urllib.parse, urllib.request, zipfile
 from dataclasses import dataclass
 from pathlib import Path
 import tiktoken
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from .config import ModelConfig, first_line
-from .data import SPECIAL_TOKENS, SPLIT_PATTERN, bos_id, file_sha256
+from .data import SPECIAL_TOKENS, SPLIT_PATTERN, bos_id, file_sha256, _fetch
 from .model import GPT
 
 # %% auto #0
@@ -311,39 +311,14 @@ def core_table(res: dict) -> str:
     return "\n".join(rows + [f"{'CORE':<34} {'':<18} {'':>5} {'':>6} {'':>8} {res['core']:>8.4f}"])
 
 # %% ../nbs/31_core.ipynb #041745da
-_RETRY_HTTP = {408, 425, 429, 500, 502, 503, 504}
-
 def _source_path(url: str) -> Path | None:
     "The local file that `url` names (a path or a file:// URL); None for a download."
     if url.startswith("file://"): return Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     return None if "://" in url else Path(url).expanduser()
 
-def _download(url: str, part: Path, retries: int, backoff: float, log) -> Path:
-    "Fetch `url` into `part`, each attempt resuming what the last left there; `retries` attempts, doubling waits."
-    for attempt in range(1, retries + 1):
-        try:
-            have = part.stat().st_size if part.exists() else 0
-            req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-            with urllib.request.urlopen(req, timeout=60) as r:
-                with open(part, "ab" if have and r.status == 206 else "wb") as f: shutil.copyfileobj(r, f, 1 << 20)
-                short = r.length   # bytes announced (Content-Length) but never sent: the connection closed early
-            if short: raise OSError(f"the connection closed {short} bytes before the end")   # the part is kept
-            if zipfile.is_zipfile(part): return part
-            part.unlink()
-            raise OSError("what arrived is not a zip archive")
-        except urllib.error.HTTPError as e:
-            if e.code == 416: part.unlink(missing_ok=True)   # the part is as long as the file or longer: start again
-            elif e.code not in _RETRY_HTTP:
-                raise CoreError(f"{url}: HTTP {e.code} {e.reason}; check --core-url") from None
-            err = e
-        except (OSError, http.client.HTTPException) as e:
-            err = e
-        if attempt == retries:
-            raise CoreError(f"download failed {retries} times ({first_line(err, 60)}); check the network or "
-                            "--core-url, then rerun (it resumes)") from None
-        wait = backoff * 2 ** (attempt - 1)
-        log(f"  attempt {attempt}/{retries} failed ({type(err).__name__}: {first_line(err, 80)}); retry in {wait:g} s")
-        time.sleep(wait)
+def _zip_archive(path: Path):
+    "Raise unless `path` is a zip archive (what `_fetch` downloaded is then discarded and fetched again)."
+    if not zipfile.is_zipfile(path): raise OSError("what arrived is not a zip archive")
 
 def _unpack(archive: Path, dest: Path):
     "Unpack a bundle archive into `dest` (absent or empty), whole or not at all: checked by `load_bundle` first."
@@ -373,18 +348,18 @@ def prepare_core(dest_dir, url: str = CORE_URL, sha256: str | None = CORE_SHA256
         return dest
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise CoreError(f"{dest} exists and holds no core.yaml; remove it or choose another --core-dir")
-    src, part = _source_path(url), dest.with_name(dest.name + ".zip.part")
+    src, archive = _source_path(url), dest.with_name(dest.name + ".zip")
     if src is not None and not src.is_file(): raise CoreError(f"{src}: no such file; check --core-url")
     if src is None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         log(f"downloading {url}")
-        src = _download(url, part, retries, backoff, log)
+        src = _fetch(url, archive, retries, backoff, log, _zip_archive, CoreError, "check the network or --core-url")
     got = file_sha256(src)
     if sha256 is None: log(f"sha256 {got} (no checksum given: not verified)")
     elif got != sha256.strip().lower():
-        part.unlink(missing_ok=True)
+        archive.unlink(missing_ok=True)
         raise CoreError(f"CORE archive sha256 mismatch (corrupt or changed); rerun, or trust it: --core-sha256 {got}")
     _unpack(src, dest)
-    part.unlink(missing_ok=True)
+    archive.unlink(missing_ok=True)
     log(f"CORE bundle ready in {dest}")
     return dest

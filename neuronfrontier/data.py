@@ -438,8 +438,13 @@ def unigram_bpb(train_batches, val: list, token_bytes, vocab_size: int) -> float
 CLIMBMIX_URL = "https://huggingface.co/datasets/karpathy/climbmix-400b-shuffle/resolve/main"
 CLIMBMIX_VAL_SHARD = 6542
 
-def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=print) -> Path:
-    "Download `url` to `dest` atomically (via dest.tmp), resuming a partial .tmp and retrying with backoff."
+_RETRY_HTTP = {408, 425, 429, 500, 502, 503, 504}   # HTTP errors a retry may cure; any other fails at once
+
+def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=print, check=pq.read_schema,
+           error=DataError, fix: str = "check the network") -> Path:
+    """Download `url` to `dest` atomically (via dest.tmp), resuming a partial .tmp and retrying with doubling waits.
+    `check(path)` raises on a file that is not what was asked for (it is discarded and the attempt retried); an HTTP
+    error no retry cures fails at once. Failures are `error`s that name `fix`."""
     dest = Path(dest)
     tmp = dest.with_name(dest.name + ".tmp")
     for attempt in range(1, retries + 1):
@@ -449,18 +454,25 @@ def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=pri
             with urllib.request.urlopen(req, timeout=60) as r:
                 resumed = have and getattr(r, "status", 200) == 206
                 with open(tmp, "ab" if resumed else "wb") as f: shutil.copyfileobj(r, f, 1 << 20)
-            pq.read_schema(tmp)  # a truncated file fails here and is retried
+                short = getattr(r, "length", None)   # bytes announced but never sent: the connection closed early
+            if short: raise OSError(f"the connection closed {short} bytes before the end")   # the part is kept
+            try: check(tmp)
+            except Exception:
+                tmp.unlink()
+                raise
             os.replace(tmp, dest)
             return dest
         except Exception as e:
-            if isinstance(e, urllib.error.HTTPError) and e.code == 416: tmp.unlink(missing_ok=True)
+            if isinstance(e, urllib.error.HTTPError):
+                if e.code == 416: tmp.unlink(missing_ok=True)   # the part is as long as the file or longer: start again
+                elif e.code not in _RETRY_HTTP: raise error(f"{url}: HTTP {e.code} {e.reason}; {fix}") from None
+            why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:80]}"
             if attempt == retries:
-                raise DataError(
-                    f"download of {url} failed after {retries} attempts ({type(e).__name__}: {e}); rerun to resume"
-                ) from None
-            if not isinstance(e, (urllib.error.URLError, OSError, TimeoutError)): tmp.unlink(missing_ok=True)
-            log(f"  attempt {attempt}/{retries} for {dest.name} failed ({type(e).__name__}); retrying")
-            time.sleep(backoff * 2 ** (attempt - 1))
+                raise error(f"download failed {retries} times for {url} ({why}); {fix}, then rerun (it resumes)"
+                            ) from None
+            wait = backoff * 2 ** (attempt - 1)
+            log(f"  attempt {attempt}/{retries} failed ({why}); retry in {wait:g} s")
+            time.sleep(wait)
 
 def download_climbmix(data_dir: Path, n_shards: int, base_url: str = CLIMBMIX_URL, log=print, **kw) -> list[Path]:
     "Fetch training shards 0..n_shards-1 and the pinned validation shard into `data_dir` (skips complete files)."

@@ -12,9 +12,8 @@ from torch import nn, Tensor
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5',
-           'local_shard', 'owned_slice', 'sharded_updates', 'Muon', 'normuon_scale', 'build_optimizers',
-           'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops',
-           'muon_shapes']
+           'local_shard', 'sharded_updates', 'Muon', 'normuon_scale', 'build_optimizers', 'optimizer_table',
+           'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops', 'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -84,13 +83,6 @@ def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dty
 def local_shard(t: Tensor) -> Tensor:
     "This rank's part of `t`: the local shard of a DTensor (sharing its storage), `t` itself otherwise."
     return t.to_local() if isinstance(t, DTensor) else t
-
-def owned_slice(K: int, p: Tensor) -> slice:
-    "Which of the `K` sharded matrices of a bucket this rank orthogonalises (`p`: one of them, for its process group)."
-    pg = p.device_mesh.get_group()
-    chunk = -(-K // dist.get_world_size(pg))
-    rank = dist.get_rank(pg)
-    return slice(rank * chunk, (rank + 1) * chunk)
 
 def sharded_updates(items: list, orthogonalise, finish=lambda p, o: o) -> list[Tensor]:
     """This rank's rows of the update of each FSDP2-sharded matrix in `items` [(param, this rank's rows of its
@@ -177,8 +169,9 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad(): loss = closure()
         rank, world = _dist_info(self.distributed)
         for group in self.param_groups:
-            lr, mu, wd = group["lr"], group["momentum"], group["weight_decay"]
+            mu = group["momentum"]
             buckets: dict[tuple, list] = {}
+            sharded: dict[tuple, list] = {}   # FSDP2 matrices, by the whole matrix's shape (the same on every rank)
             for p in group["params"]:
                 if p.grad is None: continue
                 st = self.state[p]
@@ -191,15 +184,13 @@ class Muon(torch.optim.Optimizer):
                 else:
                     buf.mul_(mu).add_(g)
                     u = g.add(buf, alpha=mu) if group["nesterov"] else buf
-                if isinstance(p, DTensor):   # bucketed by the whole matrix's shape, the same on every rank
-                    buckets.setdefault(("sharded", tuple(p.shape)), []).append((p, u))
+                if isinstance(p, DTensor):
+                    sharded.setdefault(tuple(p.shape), []).append((p, u))
                     continue
                 if p.ndim != 3: u = u.reshape(len(u), -1)   # 3-D: a stack of expert matrices, each orthogonalised
                 buckets.setdefault(tuple(u.shape), []).append((p, u))
+            for items in sharded.values(): self._step_sharded(group, items)
             for shape, items in buckets.items():
-                if shape[0] == "sharded":
-                    self._step_sharded(group, items)
-                    continue
                 K = len(items)
                 chunk = -(-K // world)
                 own = items[rank * chunk:(rank + 1) * chunk]
@@ -220,38 +211,40 @@ class Muon(torch.optim.Optimizer):
                 scale = self.shape_scale(items[0][0].shape)
                 for (p, _), o in zip(items, O):
                     if group["normuon"]: o = normuon_scale(self.state[p], o, group["beta2"])
-                    o = o.view_as(p).to(p.dtype)
-                    # cautious decay (the kit's): only where the update shrinks |w| too, at the update's rate lr·scale;
-                    # plain decoupled decay stays at lr (Keller Jordan's Muon)
-                    if wd and group["cautious_wd"]: p.sub_(p * (o * p >= 0), alpha=lr * scale * wd)
-                    elif wd: p.mul_(1 - lr * wd)
-                    p.add_(o, alpha=-lr * scale)
+                    self._apply(p, o, group, scale)
         return loss
+
+    @staticmethod
+    def _apply(w: Tensor, o: Tensor, group: dict, scale: float):
+        "Decay `w` and step it by the orthogonalised update `o` (in `w`'s shape) at `group`'s rate × `scale`."
+        lr, wd = group["lr"], group["weight_decay"]
+        o = o.view_as(w).to(w.dtype)
+        # cautious decay (the kit's): only where the update shrinks |w| too, at the update's rate lr·scale;
+        # plain decoupled decay stays at lr (Keller Jordan's Muon)
+        if wd and group["cautious_wd"]: w.sub_(w * (o * w >= 0), alpha=lr * scale * wd)
+        elif wd: w.mul_(1 - lr * wd)
+        w.add_(o, alpha=-lr * scale)
 
     def _step_sharded(self, group: dict, items: list):
         """Update FSDP2-sharded matrices `items` [(param, this rank's rows of its momentum update)] of one shape: each
         matrix's rows gathered whole on the rank that owns it, orthogonalised (and NorMuon-scaled) there, its rows sent
         back (`sharded_updates`), then decay and update applied to this rank's rows."""
-        lr, wd = group["lr"], group["weight_decay"]
         dtype = self.ns_dtype or default_ns_dtype(items[0][0].device)
-        def finish(p, o): return normuon_scale(self.state[p], o, group["beta2"]) if group["normuon"] else o
+        def finish(p, o):   # on the owner only: it keeps the matrix's NorMuon state
+            self.owned.add(p)
+            return normuon_scale(self.state[p], o, group["beta2"]) if group["normuon"] else o
         outs = sharded_updates(items, lambda U: zeropower_via_newtonschulz5(U, group["ns_steps"], group["coeffs"],
                                                                             dtype), finish)
-        self.owned.update(p for p, _ in items[owned_slice(len(items), items[0][0])])
         scale = self.shape_scale(items[0][0].shape)
-        for (p, _), o in zip(items, outs):
-            w = local_shard(p)
-            o = o.view_as(w).to(w.dtype)
-            if wd and group["cautious_wd"]: w.sub_(w * (o * w >= 0), alpha=lr * scale * wd)
-            elif wd: w.mul_(1 - lr * wd)
-            w.add_(o, alpha=-lr * scale)
+        for (p, _), o in zip(items, outs): self._apply(local_shard(p), o, group, scale)
 
     def share_owned_state(self):
         """Give every rank the NorMuon state of every FSDP2-sharded matrix (each rank keeps it for the matrices it
         orthogonalises): a collective, before `state_dict` consolidates a checkpoint."""
         params = [p for g in self.param_groups for p in g["params"]]
-        if not any(isinstance(p, DTensor) for p in params): return
-        pg = next(p for p in params if isinstance(p, DTensor)).device_mesh.get_group()
+        sharded = [p for p in params if isinstance(p, DTensor)]
+        if not sharded: return
+        pg = sharded[0].device_mesh.get_group()
         mine = {i: self.state[p]["second_moment"].cpu() for i, p in enumerate(params)   # pickled on the host
                 if p in self.owned and "second_moment" in self.state[p]}
         every = [None] * dist.get_world_size(pg)

@@ -368,9 +368,10 @@ def parse_duration(text, flag: str = "--budget") -> float:
 def cli_plan(a) -> int:
     """`neuronfrontier plan`: the plan for `a.budget` on `a.chips` chips printed, its preset written to `a.out`
     (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens)."""
-    if not a.data_tokens > 0: raise ValueError(f"--data-tokens {a.data_tokens:g}: must be > 0 (ClimbMix: 4e11)")
+    tokens = DATA_TOKENS if a.data_tokens is None else a.data_tokens
+    if not tokens > 0: raise ValueError(f"--data-tokens {tokens:g}: must be > 0 (ClimbMix: 4e11)")
     p = plan(parse_duration(a.budget), a.chips, fit=a.fit, mfu=ASSUMED_MFU if a.mfu is None else a.mfu, lnc=a.lnc,
-             startup_s=parse_duration(a.startup, "--startup"), data_tokens=a.data_tokens)
+             startup_s=parse_duration(a.startup, "--startup"), data_tokens=tokens)
     print(format_plan(p))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
