@@ -23,8 +23,8 @@ class ExportError(ValueError):
 PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ...
 # are not
-BUNDLED = ("data", "config", "neuron", "ops", "loss", "moe", "model", "hw", "optim", "resilience", "clock",
-           "distributed", "evaluate", "checkpoint", "train", "submission")
+BUNDLED = ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim", "resilience",
+           "clock", "distributed", "evaluate", "checkpoint", "train", "submission")
 # what train.py runs, and what the scorer calls
 ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"))
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
@@ -882,7 +882,7 @@ the validation shard. The scorer loads the checkpoint with `load_for_eval(checkp
 - model: {mcfg.n_params() / 1e6:.2f}M parameters (computed from the config), {mcfg.n_layers} layers
   × d_model {mcfg.d_model} ({mcfg.n_heads} heads × {mcfg.d_head}), MLP {mcfg.mlp} {mcfg.d_mlp},
   sequence length {mcfg.seq_len}, vocabulary {mcfg.vocab_size}
-- training: {tcfg.optim}, schedule {tcfg.schedule}, {tcfg.dtype},
+- training: {tcfg.optim}, schedule {tcfg.schedule}, {tcfg.dtype}{' (bf16 on trn2)' if tcfg.dtype == 'auto' else ''},
   {tcfg.batch_size} rows per process per micro-batch × {tcfg.grad_accum}, ops: {ops_line}
 - overrides on top of the preset: {', '.join(sets) if sets else 'none'}
 

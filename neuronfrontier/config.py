@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
+__all__ = ['TILE', 'MLPS', 'DTYPES', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
            'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig',
            'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names',
            'resolve', 'config_dict', 'setting_sources']
@@ -221,7 +221,8 @@ class TrainConfig:
     cooldown_frac: float = 0.4
     final_lr_frac: float = 0.0
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
-    dtype: str = "fp32"         # 'fp32' or 'bf16': autocast forward and backward (cpu, cuda, neuron)
+    dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 02_precision),
+                                # 'bf16' (autocast forward and backward) or 'fp32'
     compile: bool = False       # torch.compile the loss path (compiled during the warm-up)
     charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
     eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
@@ -245,7 +246,7 @@ class TrainConfig:
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
-_DTYPES, _NS_COEFFS = ("fp32", "bf16"), ("quintic", "polar_express")
+DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
 _SHARDINGS = ("rank", "global")
 
 def validate_train(t: TrainConfig) -> TrainConfig:
@@ -253,9 +254,9 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.schedule not in _SCHEDULES:
         raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
     if t.optim not in _OPTIMS: raise ValueError(f"optim={t.optim!r} is unknown; use one of {', '.join(_OPTIMS)}")
-    for k in ("dtype", "eval_dtype"):
-        if getattr(t, k) not in _DTYPES:
-            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(_DTYPES)}")
+    for k, allowed in (("dtype", DTYPES), ("eval_dtype", _EVAL_DTYPES)):
+        if getattr(t, k) not in allowed:
+            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(allowed)}")
     if t.ns_coeffs not in _NS_COEFFS:
         raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
     for k in ("batch_size", "grad_accum", "eval_tokens", "eval_seq_len", "eval_batch_size", "log_every"):
@@ -297,8 +298,8 @@ CONFIGS: dict[str, ModelConfig] = {
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
-    "dense-124m": TrainConfig(batch_size=16, global_batch_tokens=8 * 16 * 2048, dtype="bf16", eval_seq_len=2048),
-    "cpu-tiny": TrainConfig(batch_size=8, dtype="bf16", embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
+    "dense-124m": TrainConfig(batch_size=16, global_batch_tokens=8 * 16 * 2048, eval_seq_len=2048),
+    "cpu-tiny": TrainConfig(batch_size=8, embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
     "cpu-micro": TrainConfig(batch_size=2),
 }
 
@@ -469,7 +470,8 @@ FIELD_SOURCES: dict[str, str] = {
     "cooldown_frac": "choice: 40% cool-down, not tuned",
     "final_lr_frac": "WSD to zero",
     "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere",
-    "dtype": "fp32 unless a preset sets bf16",
+    "dtype": "runtime: auto = bf16 where the device computes it natively (trn2, CUDA, a CPU whose probe says so), "
+             "else fp32 (02_precision)",
     "compile": "runtime: eager; torch.compile is opt-in (compile_frac bounds it)",
     "charge_warmup": "runtime: charged mode only; wall mode counts everything",
     "eval_tokens": "measured here: a fixed 131,072-token evaluation so runs compare (the organisers score separately)",
@@ -495,12 +497,11 @@ PRESET_SOURCES: dict[str, dict[str, str]] = {
     "dense-124m": {
         "batch_size": "measured here: the largest micro-batch; the export's memory plan fits it (93_rehearsal)",
         "global_batch_tokens": "2^18 tokens a step on any launch shape (the kit's 2^19 is a GPU batch; 60_recipe)",
-        "dtype": "kit: bf16 autocast, as the kit trains (and trn2's matmul dtype)",
+        "dtype": "kit: bf16 autocast on the chip, as the kit trains (auto is bf16 on trn2: 02_precision)",
         "eval_seq_len": "rules: the organisers score rows of 2,048 tokens",
     },
     "cpu-tiny": {
         "batch_size": "measured here: batch 4 vs 8 within noise on cpu-tiny (60_recipe, screening sweeps)",
-        "dtype": "measured here: bf16 steps 1.5x faster on this CPU (60_recipe, profile table)",
         "embed_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
         "head_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
     },

@@ -202,9 +202,11 @@ def kernels_report(
     from neuronfrontier.config import resolve
     from neuronfrontier.hw import TRN2
     from neuronfrontier.kernels import rmsnorm, swiglu, attention, cross_entropy as ce
+    from neuronfrontier.precision import choose_precision
     m, t = resolve(config)
-    dt = torch.bfloat16 if t.dtype == "bf16" else torch.float32
-    s, dn = (2 if dt == torch.bfloat16 else 4), t.dtype
+    dn = choose_precision(t.dtype, "neuron").dtype   # the chip's dtype (auto: bf16), not this CPU's
+    dt = torch.bfloat16 if dn == "bf16" else torch.float32
+    s = 2 if dt == torch.bfloat16 else 4
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(dt)
     N, d, F, T, dh, V = tokens or m.seq_len, m.d_model, m.d_mlp, m.seq_len, m.d_head, m.padded_vocab

@@ -4,11 +4,12 @@
 
 # %% ../nbs/93_rehearsal.ipynb #76d96326
 from __future__ import annotations
-import json, os, subprocess, sys, tempfile, time
+import dataclasses, json, os, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 from .hw import TRN2, GiB
 from .torchneuron import TorchNeuronStandIn, KernelFailure
+from .optim import default_ns_dtype
 
 # %% auto #0
 __all__ = ['HBM_MARGIN', 'AUTOCAST_OPS', 'hbm_per_rank', 'trn2_backends', 'package_namespace', 'traced_memory', 'measured_peak',
@@ -46,17 +47,18 @@ def _by_kind(snapshot) -> dict:
 def package_namespace():
     "The names a rehearsal takes from a submission's train.py, from the package itself."
     import types
-    from neuronfrontier import config, model, optim, distributed, train, evaluate, ops
+    from neuronfrontier import config, model, optim, distributed, train, evaluate, ops, precision
     return types.SimpleNamespace(GPT=model.GPT, build_optimizers=optim.build_optimizers, train_step=train.train_step,
                                  autocast=train.autocast, evaluate_sums=evaluate.evaluate_sums, resolve=config.resolve,
                                  parse_backend=ops.parse_backend, set_backend=ops.set_backend, _IMPLS=ops._IMPLS,
                                  backend_table=ops.backend_table, use_backend=ops.use_backend,
-                                 DataParallel=distributed.DataParallel)
+                                 DataParallel=distributed.DataParallel, choose_precision=precision.choose_precision)
 
-def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None) -> dict:
+def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None) -> dict:
     """Peak bytes by kind of `steps` training steps of `ns`'s model at the shapes of `mcfg`/`tcfg` on one of `world`
     ranks (FakeTensors: nothing computed), then of the evaluation `train.py` runs and of the scorer's forward. A phase
-    whose shapes depend on the data (an MoE's dropless routing at evaluation) cannot be traced: its entry is None."""
+    whose shapes depend on the data (an MoE's dropless routing at evaluation) cannot be traced: its entry is None.
+    `ns_dtype`: Muon's Newton–Schulz dtype (None: this CPU's, `optim.default_ns_dtype`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException
     from torch.distributed._tools.mem_tracker import MemTracker
     dev = torch.device("cpu")
@@ -65,7 +67,7 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
     with FakeTensorMode():
         torch.manual_seed(0)
         model = ns.GPT(mcfg).train()
-        opts = ns.build_optimizers(model, tcfg, print_table=False)
+        opts = ns.build_optimizers(model, tcfg, print_table=False, ns_dtype=ns_dtype)
         batches = iter(lambda: tokens(tcfg.batch_size, mcfg.seq_len), None)   # endless: grad_accum micro-batches a step
         mt = MemTracker()
         mt.track_external(model, *opts)
@@ -123,7 +125,8 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
 
 # %% ../nbs/93_rehearsal.ipynb #d79456db
 _NAMES = ("GPT", "build_optimizers", "train_step", "autocast", "evaluate_sums", "resolve", "parse_backend",
-          "set_backend", "use_backend", "_IMPLS", "backend_table", "DataParallel", "CONFIG", "RECIPE", "SETS")
+          "set_backend", "use_backend", "_IMPLS", "backend_table", "DataParallel", "choose_precision", "CONFIG",
+          "RECIPE", "SETS")
 
 def _import_submission(standin):
     "Import ./train.py with the simulator for `nki`, the stand-in for `torch_neuronx`, and `neuronfrontier` refused."
@@ -159,7 +162,8 @@ def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple
         _serve(train, standin)
         standin.phase = "train step"
         try:
-            mem = traced_memory(train, mcfg, tcfg, world, before_eval=lambda: setattr(standin, "phase", "evaluation"))
+            mem = traced_memory(train, mcfg, tcfg, world, before_eval=lambda: setattr(standin, "phase", "evaluation"),
+                                ns_dtype=default_ns_dtype("neuron"))   # Newton–Schulz as the chip runs it
             return mem, backends, failures
         except KernelFailure as e:
             op = e.call.ops_op or next((o for o, b in backends.items() if b == "nki" and o in e.call.op), None)
@@ -190,6 +194,13 @@ def _call_record(c) -> dict:
             "simulated": c.repeat_of is None, "launched": c.via, "passed": c.ok, "reason": c.reason}
 
 # %% ../nbs/93_rehearsal.ipynb #547fe865
+def _on_chip(train, sets, nproc: int):
+    """The submission's (model, training) configs with `sets` as one of `nproc` ranks runs them on trn2: its rows of
+    the global batch, and the dtype the chip resolves (`dtype=auto` is bf16 on Neuron, whatever this CPU computes)."""
+    mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, sets)
+    tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)
+    return mcfg, dataclasses.replace(tcfg, dtype=train.choose_precision(tcfg.dtype, "neuron").dtype)
+
 def _rehearse_here(args: dict, log=print) -> dict:
     "In the submission's directory, a fresh interpreter: import it with the stand-ins, trace its step at its shapes."
     import torch.distributed as dist
@@ -200,8 +211,7 @@ def _rehearse_here(args: dict, log=print) -> dict:
     if nproc > 1: dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=nproc)
     limit = int(args["hbm"] * (1 - args["margin"]))
     if args.get("plan"): return _plan_here(train, standin, nproc, limit, log)
-    mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, train.SETS)
-    tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)   # the rows one of `nproc` ranks trains
+    mcfg, tcfg = _on_chip(train, train.SETS, nproc)
     mem, backends, failed = _trace_step(train, standin, mcfg, tcfg, nproc, set(), log)
     bf16 = {"train step": tcfg.dtype == "bf16", "evaluation": tcfg.eval_dtype == "bf16"}
     for c in standin.calls:
@@ -223,14 +233,12 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     """The largest per-rank micro-batch, with gradient accumulation keeping the global batch, whose training step fits
     `limit` both with the kernels and with every op on PyTorch (the fallback a kernel failing on the chip would need).
     The evaluation's memory does not depend on it; the rehearsal checks that."""
-    mcfg, tcfg = train.resolve(train.CONFIG, train.RECIPE, train.SETS)
-    tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)   # one of `nproc` ranks' rows, fixed by the global batch
+    mcfg, tcfg = _on_chip(train, train.SETS, nproc)   # one of `nproc` ranks' rows, fixed by the global batch
     rows = tcfg.batch_size * tcfg.grad_accum
     tried = []
     for b in [b for b in range(rows, 0, -1) if rows % b == 0]:
         sets = [*train.SETS, f"batch_size={b}", f"grad_accum={rows // b}"]
-        m, t = train.resolve(train.CONFIG, train.RECIPE, sets)
-        t = train.rank_batch(t, m.seq_len, nproc)
+        m, t = _on_chip(train, sets, nproc)
         peak = {}
         for path, torch_ops in (("torch", set(train._IMPLS)), ("kernels", set())):
             mem = _trace_step(train, standin, m, t, nproc, torch_ops, log)[0]

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import contextlib, json, math, os, queue, signal, sys, threading, time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from .clock import hw_name, synchronize, Watchdog, Clock
 from .distributed import init_distributed, rank_rows, agree_max, DataParallel, parallelize
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
+from .precision import Precision, choose_precision
 from . import ops, hw
 
 # %% auto #0
@@ -43,7 +44,9 @@ def reuse_freed_memory() -> bool:
 
 # %% ../nbs/30_train.ipynb #529e7a24
 def autocast(device: torch.device, dtype: str):
-    "`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context."
+    """`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context; `'auto'`: what
+    `choose_precision` picks on `device` (a run resolves it once in `setup`)."""
+    if dtype == "auto": dtype = choose_precision(dtype, device).dtype
     if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -239,6 +242,7 @@ class Run:
     fpt: float                    # model FLOPs per token, for the MFU
     hwn: str                      # the `hw` entry the MFU is measured against
     faults: object                # NF_FAULT, parsed (`resilience.parse_faults`)
+    precision: Precision          # the dtype it trains in (tcfg.dtype), what was asked and why (02_precision)
     # filled in as the run goes
     kernels: dict = field(default_factory=dict)                  # the preflight's decisions, per op
     compile_info: dict | None = None                             # compile=true: used, seconds, reason
@@ -283,6 +287,14 @@ def setup(spec: RunSpec) -> Run:
     dev, rank, world, ctrl, owned = init_distributed(spec.device)
     tcfg = rank_batch(tcfg, mcfg.seq_len, world)   # global_batch_tokens: this rank's micro-batch and accumulation
     lead = rank == 0  # rank 0 alone writes and prints
+    precision = choose_precision(tcfg.dtype, dev)   # auto: bf16 where the device computes it natively, else fp32
+    if world > 1 and precision.asked == "auto" and agree_max([precision.dtype == "fp32"], world, ctrl)[0]:
+        precision = replace(precision, dtype="fp32")   # one dtype on every rank: fp32 if any rank's probe says so
+    started = ck["train_config"].get("dtype") if ck is not None else None
+    if precision.asked == "auto" and started in ("bf16", "fp32") and started != precision.dtype:
+        precision = replace(precision, dtype=started, why=f"{precision.why}; resumed in its own {started}")
+    tcfg = replace(tcfg, dtype=precision.dtype)
+    if lead and precision.warning: print(precision.warning, file=sys.stderr)
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)
     install_kernel_faults(faults)   # NF_FAULT=kernel-error:OP / kernel-mismatch:OP: a failing nki implementation of OP
@@ -313,7 +325,7 @@ def setup(spec: RunSpec) -> Run:
         state=state,
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
         tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
-        fpt=mcfg.flops_per_token(), hwn=hw_name(dev), faults=faults,
+        fpt=mcfg.flops_per_token(), hwn=hw_name(dev), faults=faults, precision=precision,
     )
 
 # %% ../nbs/30_train.ipynb #d8805852
@@ -568,6 +580,8 @@ def finish(
         "faults": asdict(run.faults) if run.faults else None,
         "loader_utilisation": round(run.loader.utilisation, 4),
         "device": str(run.dev),
+        "dtype": run.precision.dtype,
+        "precision": asdict(run.precision),   # what was asked, why, and the CPU probe's numbers
         "hw": run.hwn,
         "seed": run.spec.seed,
         "world_size": world,
@@ -638,7 +652,8 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "
             f"device {run.dev}"
             f"{f' x {run.world} processes' if run.world > 1 else ''}, ops {ops.backend_table(run.dev)}, "
-            f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.tcfg.dtype}{', compiled' if run.tcfg.compile else ''}, "
+            f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.precision.describe()}"
+            f"{', compiled' if run.tcfg.compile else ''}, "
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"
         )
         if spec.resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")

@@ -12,11 +12,11 @@ def pydocs(tmp_path_factory):
     return prepare(tmp_path_factory.mktemp("data") / "pydocs", log=lambda *a: None)
 
 
-def cli(*args, cwd=None, timeout=900):
-    "Run the installed `neuronfrontier` console script; return the CompletedProcess."
+def cli(*args, cwd=None, timeout=900, env=None):
+    "Run the installed `neuronfrontier` console script (`env`: variables added to this process's); return the CompletedProcess."
     exe = Path(sys.executable).parent / "neuronfrontier"
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "neuronfrontier.cli"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True, cwd=cwd or ROOT, timeout=timeout, env=env)
 
 

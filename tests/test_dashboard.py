@@ -44,18 +44,30 @@ def test_stream_sends_complete_new_lines_then_result(runs):
         assert [e for e, _ in ev] == ["result", "end"]
 
 
-def test_stream_follows_a_file_being_written(runs):
-    "A writer appends records in pieces (lines split mid-way) while the stream is open: each record arrives once, whole."
+def test_stream_follows_a_file_being_written(runs, monkeypatch):
+    """A writer appends records in pieces (lines split mid-way) while the stream is open: each record arrives once, whole.
+    The writer goes on only once the stream has read what it wrote (counted reads), so the records come in several
+    events however slowly the machine serves the request."""
+    import neuronfrontier.dashboard as D
     m = runs / "r1" / "metrics.jsonl"; m.write_text("")
+    reads, real = threading.Semaphore(0), D.read_new
+    def counted(*a, **k):
+        out = real(*a, **k)
+        reads.release()
+        return out
+    monkeypatch.setattr(D, "read_new", counted)
+    def read_since():   # three more reads: at least one whole pass of the stream's loop after the write
+        for _ in range(3): assert reads.acquire(timeout=60), "the stream stopped reading"
     def writer():
+        read_since()   # the stream is open
         for i in range(1, 31):
             line = json.dumps({"step": i, "loss": 10.0 - i / 10}) + "\n"
             with open(m, "a") as f: f.write(line[:7]); f.flush(); time.sleep(0.003); f.write(line[7:])
-            if i % 7 == 0: time.sleep(0.05)
+            if i % 7 == 0: read_since()
         (runs / "r1" / "result.json").write_text('{"status": "interrupted", "val_bpb": null}')   # train stopped; evaluating
-        time.sleep(0.3)
+        read_since()
         (runs / "r1" / "result.json").write_text('{"status": "interrupted", "val_bpb": 2.5}')
-    t = threading.Thread(target=writer)
+    t = threading.Thread(target=writer, daemon=True)
     with TestClient(make_app(runs, ".", TOKEN, poll_s=0.01)) as c:
         t.start(); body = c.get("/api/runs/r1/stream").text; t.join()
     ev = events(body)

@@ -77,7 +77,8 @@ def test_a_slow_rank_stops_with_the_others_within_budget(pydocs, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     print({k: (r0[k], r1[k]) for k in ("steps", "train_s", "max_step_s", "overrun_s")})
-    assert r0["steps"] == r1["steps"] >= 3 and r0["train_s"] == r1["train_s"]  # one decision, one clock
+    # one decision, one clock (the first step always fits a charged budget; how many more do depends on the machine)
+    assert r0["steps"] == r1["steps"] >= 1 and r0["train_s"] == r1["train_s"]
     assert r1["max_step_s"] >= 0.15 and r0["max_step_s"] >= 0.15  # rank 0 waited for rank 1 at every all-reduce
     assert r0["train_s"] <= budget + max(r0["max_step_s"], r1["max_step_s"]) and r0["status"] == "completed"
     assert r0["val_bpb"] == r1["val_bpb"]

@@ -23,7 +23,7 @@ def _train(pydocs, out, nproc, *extra, steps=6):
 
 @pytest.fixture(scope="module")
 def runs(pydocs, tmp_path_factory):
-    "cpu-tiny (the kit's recipe, bf16 autocast), 6 steps: {1: one process, 4: four sharded ranks}."
+    "cpu-tiny (the kit's recipe, dtype=auto: bf16 where the CPU computes it natively), 6 steps: {1: one process, 4: four sharded ranks}."
     out = {}
     for key, nproc, extra in ((1, 1, []), (4, 4, FSDP)):
         d = tmp_path_factory.mktemp("fsdp") / f"run{key}"
@@ -33,7 +33,8 @@ def runs(pydocs, tmp_path_factory):
     return out
 
 
-# One process computes the gradient of all 8 rows in one bf16 matmul; sharded ranks compute 2 rows each and
+# One process computes the gradient of all 8 rows in one bf16 matmul (on a CPU with native bf16; fp32 elsewhere, which
+# rounds less); sharded ranks compute 2 rows each and
 # reduce-scatter fp32 sums in another order. The roundings differ (~1e-3 relative in a bf16 product), Muon's bf16
 # Newton–Schulz carries them on, and the losses drift apart slowly: after 6 steps we require 2e-3 relative
 # (measured 6.5e-4 at 4 ranks; four data-parallel ranks, unsharded, differ from one process by 5.5e-4).

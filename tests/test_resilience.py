@@ -54,7 +54,7 @@ def test_preflight_keeps_a_kernel_that_runs_matches_and_is_faster(pydocs, tmp_pa
     "An nki implementation that is PyTorch's own, against a PyTorch made slower: it passes and is used."
     saved = dict(ops._IMPLS["rms_norm"]), dict(ops._state["spec"])
     fast = ops._IMPLS["rms_norm"]["torch"]
-    def slow(*a, **k): time.sleep(0.002); return fast(*a, **k)
+    def slow(*a, **k): time.sleep(0.02); return fast(*a, **k)   # far more than any stall of a loaded machine
     try:
         ops._IMPLS["rms_norm"].update(torch=slow, nki=fast)
         r = T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST + ["kernels=rms_norm=nki"], verbose=False)
@@ -81,10 +81,10 @@ def test_compilation_past_its_deadline_falls_back_to_eager(pydocs, tmp_path, mon
         def slow(*a, **k): time.sleep(60)
         return slow
     monkeypatch.setattr(T, "_compiled", never_done)
-    t0 = time.perf_counter()
     r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=8, sets=FAST + ["compile=true", "compile_frac=0.25"], verbose=False)
-    assert time.perf_counter() - t0 < 45 and r["status"] == "completed" and r["steps"] > 0
+    assert r["status"] == "completed" and r["steps"] > 0
     assert r["compile"]["used"] is False and "compilation took longer than its 2 s" in r["compile"]["reason"]
+    assert 2 <= r["compile"]["seconds"] < 30   # interrupted at its deadline, not after the 60 s the compile would take
 
 
 def test_a_failing_compilation_falls_back_to_eager(pydocs, tmp_path, monkeypatch):
@@ -100,8 +100,8 @@ def test_a_failing_compilation_falls_back_to_eager(pydocs, tmp_path, monkeypatch
 def test_time_limit_interrupts_the_main_thread():
     t0 = time.perf_counter()
     with pytest.raises(TimeoutError, match="compilation took longer than its 0 s"):
-        with time_limit(0.2, "compilation"): time.sleep(5)
-    assert time.perf_counter() - t0 < 2
+        with time_limit(0.2, "compilation"): time.sleep(60)
+    assert time.perf_counter() - t0 < 30   # interrupted, not slept out
 
 
 def test_start_up_does_not_eat_the_warm_up(pydocs, tmp_path, faults):
@@ -117,11 +117,11 @@ def test_start_up_does_not_eat_the_warm_up(pydocs, tmp_path, faults):
 
 
 def test_the_final_save_fits_the_budget_even_on_a_slow_disk(pydocs, tmp_path, faults):
-    "slow-save:3 in a 14 s wall budget: the first write of model.pt is timed, its time kept free; it ends within budget."
+    "slow-save:3 in a 20 s wall budget: the first write of model.pt is timed, its time kept free; it ends within budget."
     faults("slow-save:3")
-    r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=14, budget_mode="wall", sets=FAST, verbose=False)
-    assert r["save_reserve_s"] >= 3.0 * 1.25 and r["last_save_s"] >= 3.0
-    assert r["model_saved_at_s"] <= 14 + r["max_step_s"], (r["model_saved_at_s"], r["train_s"], r["save_reserve_s"])
+    r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=20, budget_mode="wall", sets=FAST, verbose=False)
+    assert r["save_reserve_s"] >= 3.0 * 1.25 and r["last_save_s"] >= 3.0 and r["steps"] > 0
+    assert r["model_saved_at_s"] <= 20 + r["max_step_s"], (r["model_saved_at_s"], r["train_s"], r["save_reserve_s"])
 
 
 class _LateDevice:
@@ -143,8 +143,10 @@ def test_the_device_is_waited_for_only_where_a_decision_needs_it(pydocs, tmp_pat
     dev = _LateDevice(0.08)
     monkeypatch.setattr(clock, "synchronize", dev.synchronize)   # what the Clock waits with
     monkeypatch.setattr(T, "train_step", dev.step(T.train_step))
-    r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=6, budget_mode="charged", sets=FAST + ["log_every=10"],
-                verbose=False)
+    # one 128-token row a step: the host's share of a step is a few ms on any CPU, so the 6 s hold dozens of 0.08 s steps
+    tiny = ["batch_size=1", "seq_len=128", "eval_seq_len=128"]
+    r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=6, budget_mode="charged",
+                sets=FAST + tiny + ["log_every=10"], verbose=False)
     print({k: r[k] for k in ("steps", "device_syncs", "train_s", "max_step_s", "overrun_s")})
     assert r["steps"] > 12 and r["device_syncs"] < r["steps"] / 2      # per step before: device_syncs == steps
     assert r["train_s"] <= 6 + r["max_step_s"] and r["max_step_s"] >= 0.08   # step times are the device's

@@ -171,6 +171,7 @@ CALLS = {
     "neuronfrontier.evaluate": _evaluate,
     "neuronfrontier.hw": lambda data: importlib.import_module("neuronfrontier.hw").mfu(1e5, 6e8, "trn2"),
     "neuronfrontier.neuron": lambda data: importlib.import_module("neuronfrontier.neuron").torch_neuronx_module(),
+    "neuronfrontier.precision": lambda data: importlib.import_module("neuronfrontier.precision").choose_precision("auto", "cpu"),
     "neuronfrontier.cost": lambda data: importlib.import_module("neuronfrontier.cost").kernel_work("rmsnorm", 256, 128),
     "neuronfrontier.kernels": lambda data: importlib.import_module("neuronfrontier.kernels"),
     "neuronfrontier.kernels.attention": lambda data: _kernel_op(

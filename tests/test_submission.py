@@ -38,7 +38,7 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
     # sections in notebook order, comments kept, package prefixes gone; ops.backend_for and config.resolve both kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
-    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "ops", "loss", "moe", "model", "hw", "optim",
+    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim",
                                                      "resilience", "clock", "distributed", "evaluate", "checkpoint",
                                                      "train", "submission")]
     assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
