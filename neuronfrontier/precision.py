@@ -44,7 +44,8 @@ def _real_tensors():
     try: from torch.utils._python_dispatch import _disable_current_modes   # private: absent in some release
     except ImportError: _disable_current_modes = contextlib.nullcontext
     stack = contextlib.ExitStack()
-    for ctx in (_disable_current_modes(), torch.autocast("cpu", enabled=False), torch.no_grad()): stack.enter_context(ctx)
+    for ctx in (_disable_current_modes(), torch.autocast("cpu", enabled=False), torch.no_grad()):
+        stack.enter_context(ctx)
     return stack
 
 @functools.lru_cache(maxsize=None)
