@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 # %% auto #0
-__all__ = ['dist_backend', 'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'average_gradients', 'DataParallel',
-           'ExpertParallel', 'parallelize', 'full_state', 'ShardedDataParallel', 'shard_model']
+__all__ = ['OWNER_STATE', 'dist_backend', 'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'average_gradients',
+           'DataParallel', 'ExpertParallel', 'parallelize', 'full_state', 'ShardedDataParallel', 'shard_model']
 
 # %% ../nbs/27_distributed.ipynb #4318535d
 def dist_backend(device: torch.device) -> str:
@@ -117,10 +117,13 @@ def full_state(t):
     so a rank never holds more than one whole tensor there); anything else unchanged."""
     return t.full_tensor().cpu() if isinstance(t, DTensor) else t
 
-def _shard_like(v, p):
-    "Optimizer state `v` of parameter `p` as `p` is placed (sharded like it when it has its shape)."
-    if isinstance(p, DTensor) and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(p.shape):
-        return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+OWNER_STATE = ("second_moment",)   # NorMuon's: whole, on the rank that orthogonalises the matrix (20_optim)
+
+def _shard_like(k: str, v, p):
+    """Optimizer state `k`: `v` of parameter `p` as `p` is placed: sharded like it when it has its shape, unless it is
+    state the owning rank keeps whole (a [1, n] matrix's NorMuon moment has the matrix's shape, yet stays whole)."""
+    shaped = isinstance(p, DTensor) and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(p.shape)
+    if shaped and k not in OWNER_STATE: return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
     return v
 
 class ShardedDataParallel(DataParallel):
@@ -141,7 +144,7 @@ class ShardedDataParallel(DataParallel):
         out = []
         for o, s in zip(opts, states):
             params = [p for g in o.param_groups for p in g["params"]]
-            state = {i: {k: _shard_like(v, params[int(i)]) for k, v in st.items()} for i, st in s["state"].items()}
+            state = {i: {k: _shard_like(k, v, params[int(i)]) for k, v in st.items()} for i, st in s["state"].items()}
             out.append(s | {"state": state})
         return out
     def eval_model(self, model) -> torch.nn.Module:

@@ -115,7 +115,8 @@ def _wait_for_steps(out, n, p, timeout=600):
     raise AssertionError(f"the run did not reach step {n}: {p.poll()}")
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
+# two processes: about 30 s on a 2-core CPU without native bf16, and test_fsdp kills and resumes four ranks
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_kill_9_then_resume_continues_bit_identically(pydocs, tmp_path, straight, nproc):
     "kill -9 of the whole run (launcher, torchrun, ranks) at some step; --resume continues from the last periodic checkpoint."
     out = tmp_path / "killed"

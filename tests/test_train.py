@@ -88,6 +88,7 @@ def _compile_spy(monkeypatch):
 # Inductor fuses elementwise ops and reorders reductions, so a compiled step differs from the eager one by float
 # rounding (~1e-7 relative); Muon's bf16 Newton–Schulz amplifies such differences (a 1e-7 input change moves a bf16
 # NS output by up to ~1%), so after 10 steps the losses agree to about 1e-4 relative (measured: 3e-5), not bit for bit.
+@pytest.mark.slow   # inductor compiles for about 30 s on a 2-core CPU without native bf16; compile is opt-in
 def test_compile_runs_the_loss_path_and_matches_eager(pydocs, tmp_path, monkeypatch):
     calls = _compile_spy(monkeypatch)
     rc = T.train("cpu-micro", pydocs, tmp_path / "c", steps=10, sets=["compile=true"] + FAST, verbose=False)
