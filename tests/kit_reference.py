@@ -127,6 +127,12 @@ def adamw_update(p, grad, state, lr, betas, eps, wd):
     p.add_(state["m"] / ((state["v"] / bias2).sqrt() + eps), alpha=-lr / bias1)
 
 
+def mm_bf16(a, b):
+    """`a @ b` of bf16 matrices as a bf16 GEMM computes it (bf16 operands, fp32 accumulation, a bf16 result), through
+    fp32: on a CPU without native bf16 the bf16 matmul itself is emulated, about a hundred times slower."""
+    return (a.float() @ b.float()).bfloat16()
+
+
 def muon_update(params, state, lr, momentum, wd, beta2=0.95, ns_steps=5):
     "One kit Muon step of a group of same-shape matrices, stacked."
     shape = params[0].shape
@@ -143,11 +149,11 @@ def muon_update(params, state, lr, momentum, wd, beta2=0.95, ns_steps=5):
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.02 + 1e-6)
     for a, b, c in POLAR_EXPRESS[:ns_steps]:
         if g.size(-2) > g.size(-1):
-            A = X.mT @ X
-            X = a * X + X @ (b * A + c * (A @ A))
+            A = mm_bf16(X.mT, X)
+            X = a * X + mm_bf16(X, b * A + c * mm_bf16(A, A))
         else:
-            A = X @ X.mT
-            X = a * X + (b * A + c * (A @ A)) @ X
+            A = mm_bf16(X, X.mT)
+            X = a * X + mm_bf16(b * A + c * mm_bf16(A, A), X)
     g = X
     v_mean = g.float().square().mean(dim=red_dim, keepdim=True)           # NorMuon
     n = g.size(red_dim)

@@ -167,6 +167,7 @@ def test_each_rank_packs_only_its_rows(pydocs):
     assert torch.equal(torch.cat(halves), one)
 
 
+@pytest.mark.slow   # a 40 s wall budget with two ranks; each fault is also tested alone, in process, above
 def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     """The done-when, every fault in one run: torchrun --nproc_per_node 2 train.py of a cpu-micro export with a NaN, a
     kernel that raises, a kernel that is wrong, a slow disk and a slow start ends within its wall budget with a finite
