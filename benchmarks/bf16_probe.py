@@ -72,7 +72,7 @@ def main(argv=None):
         print(f"{name}: {m['cpu']}, {m['threads']} threads, load {m['load']}, torch {m['torch']}; the probe: "
               f"bf16 {'native' if p['native'] else 'not native'} ({p['ratio']}x fp32) -> dtype=auto trains in "
               f"{'bf16' if p['native'] else 'fp32'}")
-    head = f"| matmul (M x K x N) | what | " + " | ".join(f"fp32 ms, bf16 ms, bf16/fp32 ({n})" for n in runs) + " |"
+    head = "| matmul (M x K x N) | what | " + " | ".join(f"fp32 ms, bf16 ms, bf16/fp32 ({n})" for n in runs) + " |"
     print("\n" + head + "\n|" + "---|" * (2 + len(runs)))
     for i, (M, K, N, what) in enumerate(ROWS):
         cells = [f"{m['rows'][i]['fp32_ms']:.3g}, {m['rows'][i]['bf16_ms']:.3g}, {m['rows'][i]['ratio']:.3g}x"

@@ -39,9 +39,13 @@ def main(argv=None):
     from neuronfrontier.data import prepare, find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.model import GPT
     from neuronfrontier.train import train_step, Prefetcher
+    from neuronfrontier.precision import choose_precision
+    from dataclasses import replace
 
     torch.set_num_threads(a.threads)
     mcfg, tcfg = resolve(a.config, a.recipe, a.sets)
+    precision = choose_precision(tcfg.dtype, torch.device("cpu"))   # as `train.setup` resolves dtype=auto
+    tcfg = replace(tcfg, dtype=precision.dtype)
     data = prepare(Path(a.data), log=lambda *x: None)
     train_paths, _ = find_shards(data); enc, _ = load_tokenizer(data / "tokenizer")
     torch.manual_seed(0)
@@ -88,6 +92,7 @@ def main(argv=None):
     loader.close()
     print(f"{a.config} {a.recipe or '(default recipe)'} {' '.join(a.sets)}: {tok:,} tokens/step, {a.threads} threads, "
           f"load {load0:.2f} — measured on this machine's CPU")
+    print(f"dtype: {precision.dtype} ({precision.why}); Newton–Schulz in {precision.ns_dtype}")
     print(f"step wall time: median {statistics.median(walls)*1e3:.0f} ms unprofiled (min {min(walls)*1e3:.0f}), "
           f"{prof_wall*1e3:.0f} ms profiled; {tok / statistics.median(walls):,.0f} tokens/s")
     print(f"\n| part | ms/step | share |\n|---|---|---|")

@@ -4,21 +4,29 @@
 
 # %% ../nbs/02_precision.ipynb #f43421c1
 from __future__ import annotations
-import contextlib, functools, time
-from dataclasses import dataclass
+import contextlib, functools, platform, time
+from dataclasses import dataclass, replace
 import torch
 from .config import DTYPES
 
 # %% auto #0
-__all__ = ['PROBE_SHAPE', 'BF16_FAST', 'AVX2_ENV', 'cpu_report', 'bf16_is_native', 'probe_cpu_bf16', 'Precision', 'bf16_native',
-           'choose_precision']
+__all__ = ['PROBE_SHAPE', 'BF16_FAST', 'AVX2_ENV', 'TORCH_DTYPES', 'cpu_report', 'bf16_is_native', 'probe_cpu_bf16', 'Precision',
+           'bf16_native', 'choose_precision']
 
 # %% ../nbs/02_precision.ipynb #45204b3a
+def _x86_bf16_instructions() -> bool | None:
+    "Whether this x86 CPU has AVX512-BF16 or AMX (PyTorch's cpuinfo); None off x86 or where PyTorch does not say."
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if platform.machine().lower() not in ("x86_64", "amd64") or not all(checks): return None
+    return any(check() for check in checks)
+
 def cpu_report() -> dict:
-    "What PyTorch says of this CPU: ATen's kernel capability and whether oneDNN multiplies bf16 (None: not reported)."
+    """What PyTorch says of this CPU: ATen's kernel capability, whether the hardware has bf16 instructions and whether
+    oneDNN multiplies bf16 (None: not reported)."""
     try: mkldnn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError): mkldnn = None   # a build without oneDNN, or the private op renamed
-    return {"capability": torch.backends.cpu.get_cpu_capability(), "mkldnn_bf16": mkldnn}
+    return {"capability": torch.backends.cpu.get_cpu_capability(), "bf16_instructions": _x86_bf16_instructions(),
+            "mkldnn_bf16": mkldnn}
 
 # %% ../nbs/02_precision.ipynb #daec7eac
 PROBE_SHAPE = (256, 256, 1024)   # rows × d_model × MLP width: a cpu-tiny up-projection of half a sequence
@@ -35,8 +43,9 @@ def _best_ms(a, b, repeats: int, give_up_ms: float = float("inf")) -> float:
     return best
 
 def bf16_is_native(report: dict, fp32_ms: float, bf16_ms: float) -> bool:
-    "The rule: oneDNN does not rule bf16 out (`report`, from `cpu_report`), and its matmul is no slower than fp32's."
-    return report["mkldnn_bf16"] is not False and bf16_ms <= BF16_FAST * fp32_ms
+    "The rule: no report (`cpu_report`) rules bf16 out, and its matmul is no slower than fp32's."
+    allowed = report["mkldnn_bf16"] is not False and report.get("bf16_instructions") is not False
+    return allowed and bf16_ms <= BF16_FAST * fp32_ms
 
 def _real_tensors():
     """A context where tensors are real and multiply in their own dtype: no dispatch mode (a `FakeTensorMode` tracing
@@ -68,18 +77,47 @@ def probe_cpu_bf16(shape: tuple = PROBE_SHAPE, repeats: int = 5) -> dict:
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 # %% ../nbs/02_precision.ipynb #2af5fe12
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
 @dataclass(frozen=True)
 class Precision:
     "The dtype a run trains in, what was asked, why, and the CPU probe's numbers (None off the CPU)."
     dtype: str                  # 'bf16' or 'fp32': the autocast dtype of the forward and backward
     asked: str                  # 'auto', 'bf16' or 'fp32' (`--set dtype=`)
     why: str                    # one line; on a CPU with the probe's numbers
+    native: bool                # the device (every rank's, in a job) multiplies bf16 natively
+    ns_dtype: str               # Muon's Newton–Schulz: bf16 where native, else fp32
     probe: dict | None = None   # `probe_cpu_bf16()`, on a CPU
-    warning: str | None = None  # bf16 asked for where the device emulates it
 
     def describe(self) -> str:
         "The dtype, then what was asked and why: `fp32 (auto: CPU AVX2 without native bf16: ...)`."
         return f"{self.dtype} ({self.asked}: {self.why})"
+
+    @property
+    def warning(self) -> str | None:
+        "One line when the run multiplies in bf16 where bf16 is emulated, else None."
+        if self.dtype != "bf16" or self.native: return None
+        slow = f"{self.probe['ratio']:.3g}x fp32's time" if self.probe else "emulated"
+        return f"warning: dtype=bf16 where bf16 is not native ({slow}); every matmul is that slow, --set dtype=auto " \
+               "picks fp32 here"
+
+    def as_dict(self) -> dict:
+        "The record `result.json` keeps."
+        return {k: getattr(self, k) for k in ("dtype", "asked", "why", "native", "ns_dtype", "probe", "warning")}
+
+    def for_job(self, native_everywhere: bool) -> Precision:
+        "The precision of a job whose ranks agreed on `native_everywhere`: bf16 only if every rank has it natively."
+        if native_everywhere or not self.native: return self
+        dtype = "fp32" if self.asked == "auto" else self.dtype
+        return replace(self, dtype=dtype, native=False, ns_dtype="fp32",
+                       why=f"{self.why}; {dtype} on every rank: another rank has no native bf16")
+
+    def resumed(self, dtype: str | None, ns_dtype: str | None) -> Precision:
+        "A resumed run keeps the autocast (unless asked for outright) and Newton–Schulz dtypes it started with."
+        keep = dtype if self.asked == "auto" and dtype in ("bf16", "fp32") else self.dtype
+        ns = ns_dtype if ns_dtype in ("bf16", "fp32") else self.ns_dtype
+        if (keep, ns) == (self.dtype, self.ns_dtype): return self
+        return replace(self, dtype=keep, ns_dtype=ns, why=f"{self.why}; resumed in its own {keep}")
 
 # %% ../nbs/02_precision.ipynb #9cc4b17e
 def _cpu_why(p: dict) -> str:
@@ -105,13 +143,9 @@ def bf16_native(device, probe: dict | None = None) -> tuple[bool, str, dict | No
 # %% ../nbs/02_precision.ipynb #6931e531
 def choose_precision(asked: str, device, probe: dict | None = None) -> Precision:
     """`asked` ('auto', 'bf16' or 'fp32') resolved on `device`: auto is bf16 where the device computes it natively
-    (Neuron, CUDA with bf16, a CPU whose report and probe say so), else fp32; bf16 asked for on a device that emulates
+    (Neuron, CUDA with bf16, a CPU whose reports and probe say so), else fp32; bf16 asked for on a device that emulates
     it stays bf16, with a warning. `probe`: CPU numbers to decide by (tests)."""
     if asked not in DTYPES: raise ValueError(f"dtype={asked!r} is unknown; use one of {', '.join(DTYPES)}")
-    if asked == "fp32": return Precision("fp32", asked, "asked for")
     native, why, p = bf16_native(device, probe)
-    if asked == "auto": return Precision("bf16" if native else "fp32", asked, why, p)
-    slow = f"{p['ratio']:.3g}x fp32's time" if p else "emulated"
-    warn = None if native else (f"warning: dtype=bf16 where bf16 is not native ({slow}); "
-                                f"every matmul is that slow, --set dtype=auto picks fp32 here")
-    return Precision("bf16", asked, why, p, warn)
+    dtype = asked if asked != "auto" else "bf16" if native else "fp32"
+    return Precision(dtype, asked, "asked for" if asked == "fp32" else why, native, "bf16" if native else "fp32", p)

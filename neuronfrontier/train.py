@@ -21,7 +21,7 @@ from .clock import hw_name, synchronize, Watchdog, Clock
 from .distributed import init_distributed, rank_rows, agree_max, DataParallel, parallelize
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
-from .precision import Precision, choose_precision
+from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
 
 # %% auto #0
@@ -154,9 +154,22 @@ class Prefetcher:
         if self._thread is not None: self._thread.join(timeout=10)
 
 # %% ../nbs/30_train.ipynb #660e895e
+def _inductor_cache_per_capability():
+    """Where `ATEN_CPU_CAPABILITY` forces PyTorch's CPU dispatch (`precision.AVX2_ENV`), inductor generates code for
+    that vector width but finds its cached graphs by a key without it: a graph cached under `avx2` (8 floats a vector)
+    and compiled again for the machine's AVX512 (16) writes past its buffers and aborts the process (`malloc():
+    unaligned tcache chunk`). Such processes get a cache directory of their own, unless the user has named another
+    one (inductor itself writes its default into the variable the first time it looks)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    forced = os.environ.get("ATEN_CPU_CAPABILITY")
+    if forced and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{forced.lower()}"
+
+
 def _compiled(fn, dev: torch.device):
     """`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an
     error, not a slow path)."""
+    if dev.type == "cpu": _inductor_cache_per_capability()
     return torch.compile(
         fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {})
     )
@@ -288,11 +301,10 @@ def setup(spec: RunSpec) -> Run:
     tcfg = rank_batch(tcfg, mcfg.seq_len, world)   # global_batch_tokens: this rank's micro-batch and accumulation
     lead = rank == 0  # rank 0 alone writes and prints
     precision = choose_precision(tcfg.dtype, dev)   # auto: bf16 where the device computes it natively, else fp32
-    if world > 1 and precision.asked == "auto" and agree_max([precision.dtype == "fp32"], world, ctrl)[0]:
-        precision = replace(precision, dtype="fp32")   # one dtype on every rank: fp32 if any rank's probe says so
-    started = ck["train_config"].get("dtype") if ck is not None else None
-    if precision.asked == "auto" and started in ("bf16", "fp32") and started != precision.dtype:
-        precision = replace(precision, dtype=started, why=f"{precision.why}; resumed in its own {started}")
+    if world > 1:   # one finding for the job: bf16 only if every rank has it natively
+        precision = precision.for_job(not agree_max([not precision.native], world, ctrl)[0])
+    if ck is not None:   # a resumed run goes on in the dtypes it started with
+        precision = precision.resumed(ck["train_config"].get("dtype"), ck["state"].get("ns_dtype"))
     tcfg = replace(tcfg, dtype=precision.dtype)
     if lead and precision.warning: print(precision.warning, file=sys.stderr)
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
@@ -305,9 +317,10 @@ def setup(spec: RunSpec) -> Run:
         model.load_state_dict(ck["model"])  # consolidated (all the experts): before --ep gives each rank its own
     parallel = parallelize(model, world, tcfg.ep, spec.config, tcfg.fsdp)   # --ep: own experts; --fsdp: own rows
     # with --ep Muon orthogonalises each rank's own experts, not a share of all the matrices
-    opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None)
+    opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None,
+                            ns_dtype=TORCH_DTYPES[precision.ns_dtype])
     loader, rows = rank_loader(train_paths, enc, tcfg, mcfg.seq_len, rank, world, spec.seed)
-    state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0}
+    state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0, "ns_dtype": precision.ns_dtype}
     if ck is not None:
         for o, s in zip(opts, parallel.shard_optimizer_states(model, opts, ck["optimizers"])):
             o.load_state_dict(s)  # unchanged without --ep
@@ -581,7 +594,7 @@ def finish(
         "loader_utilisation": round(run.loader.utilisation, 4),
         "device": str(run.dev),
         "dtype": run.precision.dtype,
-        "precision": asdict(run.precision),   # what was asked, why, and the CPU probe's numbers
+        "precision": run.precision.as_dict(),   # what was asked, why, Newton–Schulz's dtype, the CPU probe's numbers
         "hw": run.hwn,
         "seed": run.spec.seed,
         "world_size": world,

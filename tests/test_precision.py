@@ -1,7 +1,7 @@
 """`dtype=auto`: the CPU probe decides bf16 or fp32 both ways; a run's header line and result.json say which and why;
 bf16 forced where it is emulated warns in one line; ranks agree; a resumed run keeps its dtype; the export keeps bf16
 for the chip."""
-import json, os, subprocess, sys
+import json, os, platform, subprocess, sys
 import pytest
 import torch
 from conftest import ROOT, cli
@@ -10,10 +10,11 @@ from neuronfrontier.optim import default_ns_dtype
 from neuronfrontier.precision import AVX2_ENV, bf16_is_native, choose_precision, cpu_report, probe_cpu_bf16
 
 FAST = ["--set", "eval_tokens=8192", "--set", "batch_size=1"]
-EMULATING = {"capability": "AVX2", "mkldnn_bf16": False, "shape": [256, 256, 1024], "fp32_ms": 0.6, "bf16_ms": 65.0,
-             "ratio": 108.333, "native": False}
-NATIVE = {"capability": "AVX512", "mkldnn_bf16": True, "shape": [256, 256, 1024], "fp32_ms": 0.6, "bf16_ms": 0.14,
-          "ratio": 0.233, "native": True}
+EMULATING = {"capability": "AVX2", "bf16_instructions": False, "mkldnn_bf16": False, "shape": [256, 256, 1024],
+             "fp32_ms": 0.6, "bf16_ms": 65.0, "ratio": 108.333, "native": False}
+NATIVE = {"capability": "AVX512", "bf16_instructions": True, "mkldnn_bf16": True, "shape": [256, 256, 1024],
+          "fp32_ms": 0.6, "bf16_ms": 0.14, "ratio": 0.233, "native": True}
+X86 = platform.machine().lower() in ("x86_64", "amd64")   # where AVX2_ENV makes PyTorch dispatch as an AVX2 CPU
 
 
 def test_the_probe_decides_both_ways():
@@ -26,8 +27,16 @@ def test_the_probe_decides_both_ways():
     forced = choose_precision("bf16", "cpu", EMULATING)   # asked for: kept, with one line saying what it costs
     assert forced.dtype == "bf16" and forced.warning.startswith("warning: dtype=bf16") and "\n" not in forced.warning
     assert choose_precision("bf16", "cpu", NATIVE).warning is None
-    assert choose_precision("fp32", "cpu", NATIVE).dtype == "fp32"
+    assert (slow.ns_dtype, fast.ns_dtype) == ("fp32", "bf16")   # Newton–Schulz follows the finding
+    ask32 = choose_precision("fp32", "cpu", NATIVE)
+    assert (ask32.dtype, ask32.ns_dtype, ask32.why) == ("fp32", "bf16", "asked for")
     assert choose_precision("auto", "neuron").dtype == "bf16"    # the chip, with no probe
+    job = fast.for_job(False)   # another rank emulates bf16: the job trains in fp32, Newton–Schulz too
+    assert (job.dtype, job.ns_dtype, job.native) == ("fp32", "fp32", False) and "another rank" in job.why
+    assert fast.for_job(True) is fast and slow.for_job(False) is slow
+    back = slow.resumed("bf16", "bf16")   # started where bf16 was native, resumed where it is emulated: kept, warned
+    assert (back.dtype, back.ns_dtype) == ("bf16", "bf16") and back.warning.startswith("warning: dtype=bf16")
+    assert choose_precision("fp32", "cpu", NATIVE).resumed("bf16", "bf16").dtype == "fp32"   # asked for: kept
     with pytest.raises(ValueError, match="dtype='fp16' is unknown; use one of auto, fp32, bf16"):
         choose_precision("fp16", "cpu")
 
@@ -38,24 +47,28 @@ def test_the_rule_needs_the_report_and_the_timing():
     assert bf16_is_native(allowed, 0.6, 0.14) and not bf16_is_native(allowed, 0.6, 0.9)
     assert not bf16_is_native(ruled_out, 0.6, 0.14)
     assert bf16_is_native({"capability": "SVE256", "mkldnn_bf16": None}, 0.6, 0.3)   # not reported: the timing decides
+    converting = {"capability": "AVX512", "bf16_instructions": False, "mkldnn_bf16": True}   # AVX512 without BF16
+    assert not bf16_is_native(converting, 0.6, 0.55)   # however its timing comes out
 
 
 def test_an_avx2_cpu_trains_in_fp32_and_says_why(pydocs, tmp_path):
     """A real emulating CPU: an interpreter that dispatches as an AVX2 CPU (precision.AVX2_ENV) probes bf16 as slow,
     trains in fp32 and says so in its header line and result.json; `--set dtype=bf16` there warns once and keeps bf16."""
+    if not X86: pytest.skip(f"AVX2_ENV only changes PyTorch's dispatch on x86, not on {platform.machine()}")
     r = cli("train", "--config", "cpu-micro", "--steps", "2", "--data", pydocs, "--out", tmp_path / "auto", *FAST,
             env=AVX2_ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "auto" / "result.json").read_text())
     p = res["precision"]["probe"]
     assert (res["dtype"], res["config"]["train"]["dtype"], res["precision"]["asked"]) == ("fp32", "fp32", "auto")
+    assert res["precision"]["ns_dtype"] == "fp32" and res["precision"]["warning"] is None
     assert (p["capability"], p["mkldnn_bf16"], p["native"]) == ("AVX2", False, False) and p["ratio"] > 1
     assert "fp32 (auto: CPU AVX2 without native bf16: a 256x256x1024 matmul takes" in r.stdout
-    assert "warning" not in r.stderr
+    assert "warning: dtype=" not in r.stderr
     r = cli("train", "--config", "cpu-micro", "--steps", "1", "--data", pydocs, "--out", tmp_path / "forced", *FAST,
             "--set", "dtype=bf16", env=AVX2_ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    warnings = [l for l in r.stderr.splitlines() if "warning" in l]
+    warnings = [l for l in r.stderr.splitlines() if "warning: dtype=" in l]
     assert len(warnings) == 1 and warnings[0].startswith("warning: dtype=bf16 where bf16 is not native"), r.stderr
     res = json.loads((tmp_path / "forced" / "result.json").read_text())
     assert (res["dtype"], res["precision"]["asked"]) == ("bf16", "bf16") and res["precision"]["warning"] == warnings[0]
@@ -64,8 +77,9 @@ def test_an_avx2_cpu_trains_in_fp32_and_says_why(pydocs, tmp_path):
 def test_a_cpu_with_native_bf16_keeps_training_in_bf16(pydocs, tmp_path):
     """Where oneDNN multiplies bf16 (AVX512-BF16, AMX), the probe finds bf16 faster than fp32 (about 0.2x on an AMD EPYC
     with avx512_bf16: 5x inside the rule's 1.0), and auto trains in bf16, Muon's Newton-Schulz included."""
-    if cpu_report()["mkldnn_bf16"] is False:
-        pytest.skip(f"this CPU has no native bf16 ({cpu_report()}): test_the_probe_decides_both_ways covers the rule")
+    rep = cpu_report()
+    if not (rep["bf16_instructions"] and rep["mkldnn_bf16"]):   # the hardware's flags, and oneDNN's dispatch
+        pytest.skip(f"this CPU has no native bf16 ({rep}): test_the_probe_decides_both_ways covers the rule")
     p = probe_cpu_bf16()
     assert p["native"] and p["ratio"] < 1, p
     assert default_ns_dtype("cpu") == torch.bfloat16
@@ -75,6 +89,7 @@ def test_a_cpu_with_native_bf16_keeps_training_in_bf16(pydocs, tmp_path):
 
 def test_an_emulating_cpu_runs_newton_schulz_in_fp32():
     "Muon's orthogonalisation asks the same question: an AVX2 interpreter runs it in fp32."
+    if not X86: pytest.skip(f"AVX2_ENV only changes PyTorch's dispatch on x86, not on {platform.machine()}")
     code = "from neuronfrontier.optim import default_ns_dtype; print(default_ns_dtype('cpu'), default_ns_dtype('neuron'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | AVX2_ENV, check=True)
     assert r.stdout.split() == ["torch.float32", "torch.bfloat16"]
@@ -101,6 +116,8 @@ def test_ranks_train_in_one_dtype(pydocs, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     r0, r1 = (json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1))
     assert r0["dtype"] == r1["dtype"] == "fp32" and r0["precision"]["probe"]["native"]
+    assert r0["precision"]["ns_dtype"] == r1["precision"]["ns_dtype"] == "fp32"   # Newton–Schulz agrees too
+    assert "another rank has no native bf16" in r0["precision"]["why"]
 
 
 def test_a_resumed_run_keeps_its_dtype(pydocs, tmp_path):

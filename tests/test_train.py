@@ -1,5 +1,5 @@
 """The path users run: bf16 autocast, torch.compile, divergence, the scorer's loader, MFU on trn2, the training length."""
-import json, math
+import json, math, os, subprocess, sys
 from types import SimpleNamespace
 
 import pytest
@@ -103,13 +103,48 @@ def test_compile_runs_the_loss_path_and_matches_eager(pydocs, tmp_path, monkeypa
     assert rc["train_s"] < rc["warmup_s"] + rc["train_s"] - rc["compile_s"]  # compilation is not in the charged time
 
 
+def test_forced_cpu_capability_compiles_into_its_own_inductor_cache():
+    """Inductor's cache key misses ATEN_CPU_CAPABILITY: a graph cached under precision.AVX2_ENV and reused at the
+    machine's AVX512 width aborted a later compile=true run (heap corruption). Such processes get their own cache."""
+    code = ("import os, torch, neuronfrontier.train as T; T._compiled(torch.sin, torch.device('cpu')); "
+            "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    code = "from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir(); " + code   # inductor set it
+    out = [subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True)
+           .stdout.strip() for extra in ({}, {"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2",
+                                                                              "TORCHINDUCTOR_CACHE_DIR": "/tmp/mine"})]
+    assert out[1] == f"{out[0]}_avx2" and out[2] == "/tmp/mine", out   # out[0]: the default, untouched
+
+
+# Over whole runs the losses of cpu-tiny do not compare: at init the residual and x0 scalars get gradients of ~1e-10,
+# pure rounding, and AdamW (eps 1e-10, the kit's) turns each into a step of about lr in the direction of its sign, so
+# compiled and eager runs part after the first step (measured over 10 steps: up to 2.5e-2 relative in fp32). One step's
+# loss and gradients, on weights that are all non-zero, are what compilation must reproduce.
 @pytest.mark.slow
-def test_compile_matches_eager_cpu_tiny(pydocs, tmp_path):
-    "The same on the 4-layer preset (a bigger graph: slow on 2 CPU cores)."
-    for name, sets in (("c", ["compile=true"]), ("e", [])):
-        T.train("cpu-tiny", pydocs, tmp_path / name, steps=10, sets=sets + FAST, verbose=False)
-    lc, le = _losses(tmp_path / "c"), _losses(tmp_path / "e")
-    assert max(abs(a - b) / b for a, b in zip(lc, le)) < 1e-3
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_compile_matches_eager_cpu_tiny(dtype):
+    "The loss and every gradient of a compiled cpu-tiny step against the eager one, in fp32 and under bf16 autocast."
+    mcfg, tcfg = resolve("cpu-tiny", None, [])
+    torch.manual_seed(0)
+    model = GPT(mcfg)
+    with torch.no_grad():
+        for p in model.parameters(): p.add_(0.02 * torch.randn_like(p))   # at init some weights are zero
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, mcfg.vocab_size, (2, mcfg.seq_len), generator=g) for _ in range(2))
+    compiled = T._compiled(model.loss, torch.device("cpu"))
+    results = []
+    for fn in (model.loss, compiled):
+        model.zero_grad()
+        with T.autocast(torch.device("cpu"), dtype):
+            loss = fn(x, y)
+        loss.backward()
+        results.append((loss.item(), torch.cat([p.grad.flatten().float() for p in model.parameters()])))
+    (le, ge), (lc, gc) = results
+    # measured (AVX512 CPU with native bf16): gradients 1.9e-5 apart in fp32; 1.1e-2 under autocast, where inductor keeps
+    # fused intermediates in fp32 that eager rounds to bf16 (as far apart as bf16 is from fp32: ~1%, see above)
+    tol = 1e-4 if dtype == "fp32" else 3e-2
+    assert abs(lc - le) / le < tol, (lc, le)
+    assert (gc - ge).norm() / ge.norm() < tol, ((gc - ge).norm() / ge.norm()).item()
 
 
 def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
