@@ -50,7 +50,7 @@ def test_four_sharded_ranks_train_what_one_process_trains(pydocs, runs):
     res1, res4 = (json.loads((runs[k] / "result.json").read_text()) for k in (1, 4))
     assert res4["config"]["train"]["fsdp"] is True and res4["world_size"] == 4
     assert (res4["global_batch"], res4["tokens"]) == (res1["global_batch"], res1["tokens"])
-    assert abs(res4["val_bpb"] - res1["val_bpb"]) < 1e-3
+    assert abs(res4["val_bpb"] - res1["val_bpb"]) / res1["val_bpb"] < 5e-3   # as the losses (measured: 4.5e-4, fp32)
     # model.pt is consolidated: one process scores it as the sharded run's own (gathered) evaluation did
     ck = torch.load(runs[4] / "model.pt", weights_only=True)
     ref = torch.load(runs[1] / "model.pt", weights_only=True)

@@ -108,7 +108,7 @@ def test_forced_cpu_capability_compiles_into_its_own_inductor_cache():
     machine's AVX512 width aborted a later compile=true run (heap corruption). Such processes get their own cache."""
     code = ("import os, torch, neuronfrontier.train as T; T._compiled(torch.sin, torch.device('cpu')); "
             "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))")
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
     code = "from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir(); " + code   # inductor set it
     out = [subprocess.run([sys.executable, "-c", code], env=env | extra, capture_output=True, text=True, check=True)
            .stdout.strip() for extra in ({}, {"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "avx2",
