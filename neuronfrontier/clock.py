@@ -56,7 +56,7 @@ class Watchdog:
         )
 
 # %% ../nbs/26_clock.ipynb #2ad88634
-BUDGET_MODES = ("charged", "wall")
+BUDGET_MODES = ("charged", "wall", "competition")
 
 def process_start_ns() -> int:
     "When this process started, on the `time.perf_counter_ns` scale (Linux: /proc/self/stat); now where unknown."
@@ -71,9 +71,10 @@ def process_start_ns() -> int:
 
 class Clock:
     """Charged nanoseconds of a run: `charged` mode counts training steps only; `wall` counts from `t0_ns` on, less up
-    to `startup_allowance_s`."""
+    to `startup_allowance_s`; `competition` as `wall` once `excluded_steps` steps are done, nothing before."""
 
-    def __init__(self, device, mode: str = "charged", startup_allowance_s: float = 0.0, t0_ns: int | None = None):
+    def __init__(self, device, mode: str = "charged", startup_allowance_s: float = 0.0, t0_ns: int | None = None,
+                 excluded_steps: int = 5):
         if mode not in BUDGET_MODES:
             raise ValueError(f"--budget-mode {mode}: unknown; use one of {', '.join(BUDGET_MODES)}")
         if startup_allowance_s < 0:
@@ -81,16 +82,23 @@ class Clock:
         self.device, self.mode, self.allowance_ns = device, mode, int(startup_allowance_s * 1e9)
         self.t0_ns = time.perf_counter_ns() if t0_ns is None else t0_ns
         self.startup_ns = self.charged_ns = self._offset_ns = self.train_start_ns = self.syncs = 0
+        self.excluded_steps, self.free_steps = excluded_steps, 0
+        self.pending = False   # competition mode: the excluded steps are still running, nothing is charged yet
     def now_ns(self) -> int: return time.perf_counter_ns()
     def start(self, resumed_ns: int = 0, train_start_ns: int | None = None):
         """Training starts now, with `resumed_ns` already charged (a resumed run); `wall` mode charges the startup
         beyond the allowance. `train_start_ns`: where the schedule's fraction counts from (default: here; a resumed
         run's own)."""
         now = self.now_ns()
-        self.startup_ns = now - self.t0_ns
-        self.charged_ns = resumed_ns + (max(0, self.startup_ns - self.allowance_ns) if self.mode == "wall" else 0)
-        self._offset_ns = self.charged_ns - now  # wall mode: charged = offset + now
+        self.pending = self.mode == "competition" and resumed_ns == 0 and self.excluded_steps > 0
+        self._charge_startup(now, resumed_ns)
         self.train_start_ns = self.charged_ns if train_start_ns is None else train_start_ns
+    def _charge_startup(self, now: int, resumed_ns: int = 0):
+        "From `now` on wall time counts, on top of `resumed_ns` and the start-up past the allowance (none pending)."
+        self.startup_ns = now - self.t0_ns
+        walled = self.mode == "wall" or (self.mode == "competition" and not self.pending)
+        self.charged_ns = resumed_ns + (max(0, self.startup_ns - self.allowance_ns) if walled else 0)
+        self._offset_ns = self.charged_ns - now  # wall and competition: charged = offset + now
     def fraction(self, budget_ns: int, reserve_ns: int = 0, ahead_ns: int = 0) -> float:
         """The schedule's position `ahead_ns` past now: the share of the training time — from the first training step to
         the budget less `reserve_ns` (the final save's) — spent by then. Start-up never eats the warm-up."""
@@ -99,11 +107,17 @@ class Clock:
         """Charge the step that began at `started_ns` (`wall`: everything up to now) and return its duration; with
         `sync` after waiting for the device (finished work), without it as the host sees it (the device may still be
         busy)."""
-        if sync:
+        if sync or self.pending:
             synchronize(self.device)
             self.syncs += 1
         now = self.now_ns()
-        self.charged_ns = self._offset_ns + now if self.mode == "wall" else self.charged_ns + now - started_ns
+        if self.pending:   # an excluded step: free; the last of them restarts the clock, charging the start-up's excess
+            self.free_steps += 1
+            if self.free_steps >= self.excluded_steps:
+                self.pending = False
+                self._charge_startup(now)
+        elif self.mode == "charged": self.charged_ns += now - started_ns
+        else: self.charged_ns = self._offset_ns + now
         return now - started_ns
     def adopt(self, charged_ns: int):
         "Take the charged time agreed with the other ranks (the slowest rank's)."

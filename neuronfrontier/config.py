@@ -8,10 +8,10 @@ import re
 from dataclasses import dataclass, fields, asdict, replace
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'DTYPES', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE',
-           'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig',
-           'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names',
-           'resolve', 'config_dict', 'setting_sources']
+__all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
+           'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
+           'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides',
+           'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict', 'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -248,6 +248,8 @@ class TrainConfig:
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
 _SHARDINGS = ("rank", "global")
+OFFICIAL_EVAL_TOKENS = 20_971_520   # the public evaluation: 20,971,520 tokens = 83,462,186 bytes (COMPETITION.md)
+OFFICIAL_EVAL_SEQ_LEN = 1024        # the scorer's context, as one team infers it (a 2048 evaluation sat 0.021 away)
 
 def validate_train(t: TrainConfig) -> TrainConfig:
     "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."

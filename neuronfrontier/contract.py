@@ -11,7 +11,7 @@ from .submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR, ALLOWED_NPROC, ALLOWED_
 from .bundler import scan_imports
 
 # %% auto #0
-__all__ = ['CHECK_TOL', 'CHECKS', 'check_launch', 'launch_shape', 'check', 'check_table']
+__all__ = ['CHECK_TOL', 'MAX_FILE_BYTES', 'CHECKS', 'check_launch', 'launch_shape', 'check', 'check_table']
 
 # %% ../nbs/97_contract.ipynb #468ddcd3
 def check_launch(text: str) -> tuple[bool, str]:
@@ -224,15 +224,18 @@ def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
     # one row of 256 tokens: the probes need a checkpoint whose model uses its context, not the preset's batch (a 124M
     # model's 16 × 2048-token step takes minutes on a CPU); after one optimizer step the blocks are no longer the
     # identity
-    small = ["batch_size=1", "grad_accum=1", "seq_len=256", "eval_seq_len=128", "eval_tokens=128", "eval_batch_size=1"]
+    # global_batch_tokens=0: a preset's global batch (dense-124m: 2^18 tokens) would make the one row a thousand
+    # micro-batches of accumulation
+    small = ["batch_size=1", "grad_accum=1", "global_batch_tokens=0", "seq_len=256", "eval_seq_len=128",
+             "eval_tokens=128", "eval_batch_size=1"]
     cmd = [sys.executable, "train.py", "--steps", "1", "--out", str(tmp), "--quiet", "--device", device,
            "--data", str(data),
            "--tokenizer", str(tokenizer), *(a for kv in small for a in ("--set", kv))]
     r = subprocess.run(cmd, cwd=d, capture_output=True, text=True, timeout=1800)
-    if r.returncode or not (tmp / "model.pt").exists():
+    if r.returncode or not (tmp / "final.pt").exists():
         last = (r.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"a 1-step run of train.py made no checkpoint ({last[:200]}); pass --checkpoint")
-    return tmp / "model.pt"
+    return tmp / "final.pt"
 
 def launch_shape(line: str) -> tuple[int, int]:
     "(ranks, lnc) of a launch line `check_launch` accepted: `--nproc_per_node` on each of its `--nnodes` machines."
@@ -254,7 +257,7 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
     not
     see what it tests. The rehearsal row runs the submission as trn2 would (`neuronfrontier.rehearsal`; `rehearse_it`).
     The model rows load train.py in a fresh interpreter (neuronfrontier blocked) and call its `load_for_eval` on
-    `checkpoint` (default: out/model.pt, else one made by a 1-step run) with 4 validation rows of 128 tokens from
+    `checkpoint` (default: out/final.pt, else one made by a 1-step run) with 4 validation rows of 128 tokens from
     `data` (default: the path baked into train.py)."""
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches
     import torch
@@ -286,6 +289,10 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
             else "; ".join(problems[:3]),
         )
     )
+    size = max(f.stat().st_size for f in files)
+    rows.append(("size", size < MAX_FILE_BYTES,
+                 f"largest file {size:,} bytes{' <' if size < MAX_FILE_BYTES else ' >='} {MAX_FILE_BYTES:,} "
+                 f"(the portal refused files of that size)"))
     launch = d / "launch.txt"
     rows.append(("launch", *(check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt"))))
     if rows[-1][1] and rehearse_it: rows.append(("rehearsal", *_rehearsal_row(d, rows[-1][2])))
@@ -299,7 +306,7 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
             enc, tb = load_tokenizer(tokenizer)
             x, y = [torch.cat(t) for t in zip(*val_batches(find_shards(data)[1], enc, 128, 4 * 128, 4))]
             torch.save({"x": x, "y": y, "token_bytes": tb}, tmp / "batch.pt")
-            ck = Path(checkpoint) if checkpoint else d / "out" / "model.pt"
+            ck = Path(checkpoint) if checkpoint else d / "out" / "final.pt"
             if not ck.exists():
                 if checkpoint: raise FileNotFoundError(f"--checkpoint {ck}: no such file")
                 ck = _smoke_checkpoint(d, tmp / "smoke", data, tokenizer, device)
@@ -332,7 +339,8 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
              for n in CHECKS if n not in names and (n != "rehearsal" or rehearse_it)]
     return sorted(rows, key=lambda r: CHECKS.index(r[0]))
 
-CHECKS = ("imports", "launch", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite", "causal",
+MAX_FILE_BYTES = 262_144   # one team reports the portal refused a file of this size or more (unpublished limit)
+CHECKS = ("imports", "size", "launch", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite", "causal",
           "batch independent",
           "no collectives")
 

@@ -15,12 +15,12 @@ if TYPE_CHECKING: import torch  # imported lazily at run time: reading shards do
 
 # %% auto #0
 __all__ = ['PKG_ROOT', 'EMBEDDED_CORPUS', 'PYDOCS_SRC', 'SPLIT_PATTERN', 'SPECIAL_TOKENS', 'BOS_TOKEN', 'VOCAB_SIZE',
-           'TOKENIZER_FILES', 'TOKENIZER_MANIFEST', 'GPT2_PATTERN', 'WHISPER_SDIST', 'CLIMBMIX_URL',
-           'CLIMBMIX_VAL_SHARD', 'KIT_TOKENIZER_HINT', 'DataError', 'split_document', 'build_embedded_corpus',
-           'shard_name', 'write_shards', 'find_shards', 'train_tokenizer', 'token_bytes_of', 'file_sha256',
-           'tokenizer_sha256', 'read_manifest', 'save_tokenizer', 'bos_id', 'load_tokenizer', 'gpt2_ranks_file',
-           'gpt2_tokenizer', 'check_kit_tokenizer', 'install_kit_tokenizer', 'iter_documents', 'PackedLoader',
-           'val_batches', 'unigram_bpb', 'download_climbmix', 'prepare']
+           'TOKEN_BYTES_RULES', 'TOKENIZER_FILES', 'TOKENIZER_MANIFEST', 'GPT2_PATTERN', 'WHISPER_SDIST',
+           'CLIMBMIX_URL', 'CLIMBMIX_VAL_SHARD', 'KIT_TOKENIZER_HINT', 'DataError', 'split_document',
+           'build_embedded_corpus', 'shard_name', 'write_shards', 'find_shards', 'train_tokenizer', 'token_bytes_of',
+           'file_sha256', 'tokenizer_sha256', 'read_manifest', 'save_tokenizer', 'bos_id', 'load_tokenizer',
+           'gpt2_ranks_file', 'gpt2_tokenizer', 'check_kit_tokenizer', 'install_kit_tokenizer', 'iter_documents',
+           'PackedLoader', 'val_batches', 'stream_batches', 'unigram_bpb', 'download_climbmix', 'prepare']
 
 # %% ../nbs/00_data.ipynb #2ff7ece3
 PKG_ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
@@ -123,12 +123,20 @@ def train_tokenizer(texts, vocab_size: int = VOCAB_SIZE, doc_cap: int = 10_000) 
     )
 
 
-def token_bytes_of(enc: tiktoken.Encoding) -> "torch.Tensor":
-    "int32 tensor: UTF-8 byte length of every token id, 0 for special tokens."
+TOKEN_BYTES_RULES = ("kit", "raw")
+
+def token_bytes_of(enc: tiktoken.Encoding, rule: str = "kit") -> "torch.Tensor":
+    """int32 tensor: the bytes every token id counts for, 0 for special tokens. `kit` (the scorer's table): the UTF-8
+    length of the token decoded alone (an incomplete character decodes to U+FFFD, 3 bytes); `raw`: its own bytes."""
     import torch
+    if rule not in TOKEN_BYTES_RULES: raise ValueError(f"rule={rule!r}: use one of {', '.join(TOKEN_BYTES_RULES)}")
     special = {enc.encode_single_token(s) for s in enc.special_tokens_set}
-    return torch.tensor([0 if i in special else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)],
-                        dtype=torch.int32)
+
+    def size(i: int) -> int:
+        if rule == "kit": return len(enc.decode([i]).encode("utf-8"))   # errors='replace': U+FFFD for a partial char
+        return len(enc.decode_single_token_bytes(i))
+
+    return torch.tensor([0 if i in special else size(i) for i in range(enc.n_vocab)], dtype=torch.int32)
 
 # %% ../nbs/00_data.ipynb #8b4fee98
 TOKENIZER_FILES = ("tokenizer.pkl", "token_bytes.pt")
@@ -288,7 +296,7 @@ def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor
         )
     if BOS_TOKEN not in enc.special_tokens_set:
         raise DataError(f"--tokenizer-dir {tok_dir}: the encoding has no {BOS_TOKEN} (BOS) special token")
-    want = token_bytes_of(enc)
+    kit, raw = token_bytes_of(enc, "kit"), token_bytes_of(enc, "raw")
     for s in sorted(enc.special_tokens_set):
         i = enc.encode_single_token(s)
         if tb[i] != 0:
@@ -296,12 +304,11 @@ def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor
                 f"--tokenizer-dir {tok_dir}: special token {s} (id {i}) has {int(tb[i])} bytes in token_bytes.pt; "
                 f"special tokens must have 0"
             )
-    bad = (tb.to(want.dtype) != want).nonzero()
-    if len(bad):
-        i = int(bad[0])
+    if not (tb.to(kit.dtype) == kit).all() and not (tb.to(raw.dtype) == raw).all():
+        i = int((tb.to(kit.dtype) != kit).nonzero()[0])
         raise DataError(
-            f"--tokenizer-dir {tok_dir}: token_bytes.pt says token {i} has {int(tb[i])} bytes, the encoding says "
-            f"{int(want[i])}"
+            f"--tokenizer-dir {tok_dir}: token_bytes.pt says token {i} has {int(tb[i])} bytes; the kit's rule (UTF-8 "
+            f"of the token decoded alone) says {int(kit[i])}, its raw bytes {int(raw[i])}"
         )
     return enc, tb
 
@@ -421,6 +428,25 @@ def val_batches(val_path: Path, enc: tiktoken.Encoding, seq_len: int, n_tokens: 
                         f"fewer than eval_tokens={n_tokens}; lower --set eval_tokens or prepare more data")
     xs, ys = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
     return [(xs[i:i + batch_size], ys[i:i + batch_size]) for i in range(0, n_rows, batch_size)]
+
+# %% ../nbs/00_data.ipynb #ac812213
+def stream_batches(val_path: Path, enc: tiktoken.Encoding, seq_len: int, n_tokens: int, batch_size: int = 8) -> list:
+    """`(x, y)` batches of the first `n_tokens // seq_len` rows of the validation stream: documents in file order, BOS
+    in front of each, joined and cut into rows of `seq_len + 1` tokens at stride `seq_len`."""
+    import torch
+    n_rows = n_tokens // seq_len
+    if n_rows < 1: raise DataError(f"eval_tokens={n_tokens} is smaller than one eval row of {seq_len} tokens")
+    stream, need, bos = [], n_rows * seq_len + 1, bos_id(enc)
+    for text in iter_documents([val_path], window=0):
+        stream += [bos] + enc.encode_ordinary(text)
+        if len(stream) >= need: break
+    if len(stream) < need:
+        raise DataError(f"validation shard {Path(val_path).name} holds {len(stream) - 1} tokens, fewer than "
+                        f"eval_tokens={n_tokens} at context {seq_len}; pass a smaller --eval-tokens")
+    t = torch.tensor(stream[:need])
+    x = t[:-1].view(n_rows, seq_len)
+    y = t[1:].view(n_rows, seq_len)
+    return [(x[i:i + batch_size], y[i:i + batch_size]) for i in range(0, n_rows, batch_size)]
 
 # %% ../nbs/00_data.ipynb #41a9116d
 def unigram_bpb(train_batches, val: list, token_bytes, vocab_size: int) -> float:

@@ -15,7 +15,8 @@ __all__ = ['evaluate_sums', 'bpb', 'evaluate_bpb']
 @torch.no_grad()
 def evaluate_sums(model, batches, token_bytes: torch.Tensor) -> torch.Tensor:
     """`[Σ nats, Σ bytes]` (float64, on the CPU) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored)
-    excluded."""
+    excluded. A batch is summed in fp32 on its device (fp64 on a Neuron device is not documented) and the batches are
+    added in fp64 on the CPU."""
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"): model.eval()
     sums = torch.zeros(2, dtype=torch.float64)
@@ -25,8 +26,8 @@ def evaluate_sums(model, batches, token_bytes: torch.Tensor) -> torch.Tensor:
             V = logits.shape[-1]
             yc = y.clamp(0, V - 1)
             nll = F.cross_entropy(logits.reshape(-1, V), yc.reshape(-1), reduction="none")
-            b = torch.where(y.reshape(-1) >= 0, token_bytes.to(y.device)[yc.reshape(-1)].to(torch.float64), 0.0)
-            sums += torch.stack((torch.where(b > 0, nll.double(), 0.0).sum(), b.sum())).cpu()
+            b = torch.where(y.reshape(-1) >= 0, token_bytes.to(y.device)[yc.reshape(-1)].float(), 0.0)
+            sums += torch.stack((torch.where(b > 0, nll, 0.0).sum(), b.sum())).cpu().double()
     finally:
         if was_training: model.train()
     return sums

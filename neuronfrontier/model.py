@@ -200,7 +200,10 @@ class GPT(nn.Module):
         if not torch.is_autocast_enabled(idx.device.type): rows = rows.to(self.lm_head.weight.dtype)
         return rows
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
+        """Logits (B, T, vocab) in fp32; with `targets`, the loss instead, as the kit lineage calls its model:
+        `reduction='mean'` one number, `'none'` each token's loss in nats (B·T,), as `loss` computes them."""
+        if targets is not None: return self.loss(idx, targets, reduction)
         logits = self.lm_head(self.hidden(idx)).float()
         c = self.cfg.softcap
         if c: logits = c * torch.tanh(logits / c)

@@ -22,7 +22,7 @@ class Faults:
     nan_at: int | None = None                # training step (1-based) whose loss is made NaN
     kernel_error: tuple = ()                 # ops whose nki implementation raises on its first call
     kernel_mismatch: tuple = ()              # ops whose nki implementation returns a perturbed result
-    slow_save_s: float = 0.0                 # seconds added to every write of model.pt
+    slow_save_s: float = 0.0                 # seconds added to every write of final.pt
     startup_delay_s: float = 0.0             # seconds slept at start-up
 
     def __bool__(self): return self != Faults()
@@ -236,9 +236,9 @@ def time_limit(seconds: float | None, what: str = "this"):
         signal.signal(signal.SIGALRM, prev)
 
 # %% ../nbs/25_resilience.ipynb #5cce269e
-SAVE_BYTES_PER_S = 413e6   # slowest of three writes of dense-124m's model.pt on this project's CPU machine (measured)
+SAVE_BYTES_PER_S = 413e6   # slowest of three writes of dense-124m's final.pt on this project's CPU machine (measured)
 
 def save_reserve_s(nbytes: int, measured_s: float | None = None) -> float:
-    "Seconds to keep free for writing `nbytes` of model.pt: 1.25× a measured write when there is one, else an estimate."
+    "Seconds to keep free for writing `nbytes` of final.pt: 1.25× a measured write when there is one, else an estimate."
     estimate = 1.0 + 2 * nbytes / SAVE_BYTES_PER_S
     return max(estimate, 1.25 * measured_s) if measured_s is not None else estimate

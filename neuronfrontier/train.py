@@ -25,8 +25,9 @@ from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'reuse_freed_memory', 'autocast', 'train_step', 'Prefetcher', 'rank_loader',
-           'RunSpec', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish', 'run_preflight', 'train']
+__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'STARTUP_CAP_S', 'reuse_freed_memory', 'autocast', 'train_step',
+           'Prefetcher', 'rank_loader', 'RunSpec', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish',
+           'run_preflight', 'train']
 
 # %% ../nbs/30_train.ipynb #112a71b3
 def reuse_freed_memory() -> bool:
@@ -196,13 +197,30 @@ def rank_loader(paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: i
     loader = PackedLoader(paths, enc, tcfg.batch_size * world, seq_len, seed=seed)
     return loader, rank_rows(loader, rank, world)
 
+
+class _GivenRows:
+    "Batches from a loader that is not ours (the kit's): `skip(n)` drops n of them (a resumed run); ints as int64."
+    def __init__(self, batches): self.batches = iter(batches)
+    def __iter__(self): return self
+    def __next__(self):
+        x, y = next(self.batches)[:2]
+        return x.long().cpu(), y.long().cpu()
+    def skip(self, n: int):
+        for _ in range(n): next(self)
+
+def _training_rows(spec, paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
+    "(loader, this rank's batches): the given loader's (`spec.rows`) where there is one, else `rank_loader`'s."
+    if spec.rows is None: return rank_loader(paths, enc, tcfg, seq_len, rank, world, seed)
+    rows = _GivenRows(spec.rows(seed, tcfg, seq_len))
+    return rows, rows
+
 # %% ../nbs/30_train.ipynb #415a7371
 @dataclass
 class RunSpec:
     "What a run is asked to do: the arguments of `train`, the same whoever builds them."
     config: str = "cpu-tiny"                     # a preset of `config.CONFIGS`
     data_dir: str | Path = "data/cache/pydocs"   # the prepared shards (and the tokenizer, unless `tokenizer_dir`)
-    out_dir: str | Path = "runs/latest"          # metrics.jsonl, result.json, model.pt, resume.pt
+    out_dir: str | Path = "runs/latest"          # metrics.jsonl, result.json, final.pt, resume.pt
     budget_s: float | None = 300.0               # seconds of charged training time (ignored with `steps`)
     steps: int | None = None                     # exactly this many steps instead of a budget
     seed: int = 0
@@ -211,11 +229,21 @@ class RunSpec:
     recipe: str | None = None                    # a named recipe; None: the preset's default
     resume: bool = False                         # continue from out_dir/resume.pt
     verbose: bool = True                         # per-step lines (or a progress bar) on the lead rank
-    budget_mode: str | None = None               # 'charged' or 'wall'; None: wall on Neuron or with charge_warmup
-    startup_allowance_s: float = 0.0             # wall mode: start-up seconds that are not charged
+    budget_mode: str | None = None               # 'charged', 'wall' or 'competition'; None: competition on Neuron,
+                                                 # wall with charge_warmup, else charged (26_clock)
+    startup_allowance_s: float | None = None     # wall and competition: start-up seconds that are not charged;
+                                                 # None: the kit's cap (900 s) in competition mode, else 0
+    excluded_steps: int = 5                      # competition: steps before the charged clock starts (the kit's 5)
+    on_step: Callable[[int], None] | None = None  # called on every rank after each optimizer step with its 0-based
+                                                 # index (a submission: the kit's record_step_boundary)
     ckpt_every_s: float | None = None            # also write the checkpoints every so many seconds
     started_ns: int | None = None                # where wall mode counts from (the CLI: the process's start); None: now
     tokenizer_dir: str | Path | None = None      # None: data_dir/tokenizer
+    tokenizer: tuple | None = None               # (tiktoken Encoding, token_bytes) given as they are (the kit's)
+    rows: Callable | None = None                 # rows(seed, tcfg, seq_len): this rank's (x, y) batches (the kit's
+                                                 # make_dataloader); None: ours, from data_dir's shards
+    score: Callable | None = None                # score(run) -> dict, on every rank after the final save (the kit's
+                                                 # evaluate_bpb); its result goes to result.json's `scorer`
 
     def check(self) -> RunSpec:
         "Raise a one-line `ValueError` for a setting no run can use; returns itself."
@@ -243,7 +271,7 @@ class Run:
     tok_dir: Path
     enc: object                   # the tokenizer
     token_bytes: torch.Tensor     # UTF-8 bytes per token id (0: a special token)
-    out: Path                     # the run directory: model.pt (what the scorer loads), resume.pt, metrics, result
+    out: Path                     # the run directory: final.pt (what the scorer loads), resume.pt, metrics, result
     model: GPT
     opts: list                    # the optimisers (Muon, AdamW)
     parallel: DataParallel        # how the model is shared out: gradient sync, clipping, consolidated checkpoints
@@ -263,7 +291,7 @@ class Run:
     rollbacks: list = field(default_factory=list)                # one dict per rollback
     lr_scale: float = 1.0                                        # what rollbacks have lowered the learning rate to
     reserve_ns: int = 0                                          # training time kept free for the final save
-    save_s: float | None = None                                  # the last write of model.pt, in seconds
+    save_s: float | None = None                                  # the last write of final.pt, in seconds
     nonfinite: torch.Tensor | None = None                        # on the device: a non-finite loss since the last read
 
     @property
@@ -271,7 +299,7 @@ class Run:
     @property
     def verbose(self) -> bool: return self.spec.verbose and self.lead
     @property
-    def ck_path(self) -> Path: return self.out / "model.pt"
+    def ck_path(self) -> Path: return self.out / "final.pt"
     @property
     def rs_path(self) -> Path: return self.out / "resume.pt"
     def say(self, *a, **k):
@@ -285,10 +313,11 @@ def setup(spec: RunSpec) -> Run:
     spec.check()
     faults = parse_faults(os.environ.get("NF_FAULT"))   # faults on purpose (tests); a bad NF_FAULT fails here
     mcfg, tcfg = resolve(spec.config, spec.recipe, spec.sets)
-    train_paths, val_path = find_shards(spec.data_dir)
+    # the kit's loader (spec.rows) reads its own data: no shards of ours to find
+    train_paths, val_path = find_shards(spec.data_dir) if spec.rows is None else (None, None)
     # the kit keeps the tokenizer apart from the data
     tok_dir = Path(spec.tokenizer_dir) if spec.tokenizer_dir is not None else Path(spec.data_dir) / "tokenizer"
-    enc, token_bytes = load_tokenizer(tok_dir)
+    enc, token_bytes = spec.tokenizer if spec.tokenizer is not None else load_tokenizer(tok_dir)
     if enc.n_vocab != mcfg.vocab_size:
         mcfg.vocab_size = enc.n_vocab
         mcfg.validate()  # the model follows the tokenizer (8,192 or GPT-2's 50,257)
@@ -319,7 +348,7 @@ def setup(spec: RunSpec) -> Run:
     # with --ep Muon orthogonalises each rank's own experts, not a share of all the matrices
     opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None,
                             ns_dtype=TORCH_DTYPES[precision.ns_dtype])
-    loader, rows = rank_loader(train_paths, enc, tcfg, mcfg.seq_len, rank, world, spec.seed)
+    loader, rows = _training_rows(spec, train_paths, enc, tcfg, mcfg.seq_len, rank, world, spec.seed)
     state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0, "ns_dtype": precision.ns_dtype}
     if ck is not None:
         for o, s in zip(opts, parallel.shard_optimizer_states(model, opts, ck["optimizers"])):
@@ -350,7 +379,7 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
     model, opts, tcfg = run.model, run.opts, run.tcfg
     run.snapshot.take(model, opts, run.state["step"])
     seed = run.spec.seed + 10_000   # batches the run never trains on
-    probe = rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)[1]
+    probe = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)[1]
     step = lambda: train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.parallel).item()
     warm_ns = []
     if tcfg.compile:
@@ -387,8 +416,8 @@ def _stop_signals():
     return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
 
 def save_checkpoints(run: Run, model_only: bool = False):
-    """Rank 0 writes `model.pt` and (unless `model_only`) `resume.pt`, each atomically; the other ranks wait for it. The
-    time goes to `state['ckpt_ns']`; the write of model.pt is timed (`run.save_s`), for the time a final save needs.
+    """Rank 0 writes `final.pt` and (unless `model_only`) `resume.pt`, each atomically; the other ranks wait for it. The
+    time goes to `state['ckpt_ns']`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
     Both hold what one process would: every rank first takes part in consolidating them (`run.parallel`: with sharded
     experts a collective)."""
     t0, state = time.perf_counter_ns(), run.state
@@ -491,6 +520,7 @@ def loop(
                     stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
                 last_loss, bad = stats.tolist()  # one read: syncs the device
             clock.step_done(ts, sync=check or near_end)
+            if run.spec.on_step is not None: run.spec.on_step(state["step"])   # the runner's step boundary
             if check or near_end:   # the steps since the last wait, each charged its share of the finished work
                 state["last_step_ns"] = (clock.charged_ns - synced_ns) // queued
                 watchdog.record(state["last_step_ns"])
@@ -538,9 +568,9 @@ def loop(
     return status, why, last_loss
 
 def _update_reserve(run: Run, clock: Clock):
-    """In `wall` mode, keep free what the last write of model.pt took (rank 0 measured it; the loop shares it), or an
+    """In `wall` mode, keep free what the last write of final.pt took (rank 0 measured it; the loop shares it), or an
     estimate."""
-    if clock.mode != "wall" or run.spec.steps is not None: return
+    if clock.mode == "charged" or run.spec.steps is not None: return
     nbytes = sum(t.numel() * t.element_size() for t in run.model.state_dict().values())
     run.reserve_ns = max(run.reserve_ns, int(save_reserve_s(nbytes, run.save_s) * 1e9))
 
@@ -563,7 +593,7 @@ def finish(
     save_checkpoints(run)
     saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
     model = run.parallel.eval_model(run.model)   # every rank the whole model (sharded experts or rows: gathered)
-    man = read_manifest(run.tok_dir)
+    man = read_manifest(run.tok_dir) if run.spec.tokenizer is None else None
     res = {
         "status": status,
         "steps": state["step"],
@@ -576,6 +606,7 @@ def finish(
         "budget_s": run.spec.budget_s if run.spec.steps is None else None,
         "budget_mode": clock.mode,
         "startup_allowance_s": clock.allowance_ns / 1e9,
+        "startup_s": clock.startup_ns / 1e9,   # process start to the clock's start (competition: to step 5's end)
         "max_step_s": max(watchdog.recent, default=0) / 1e9,
         "ckpt_s": state.get("ckpt_ns", 0) / 1e9,
         "ckpts": state.get("ckpts", 0),
@@ -591,7 +622,8 @@ def finish(
         "last_save_s": run.save_s,
         "device_syncs": clock.syncs,
         "faults": asdict(run.faults) if run.faults else None,
-        "loader_utilisation": round(run.loader.utilisation, 4),
+        "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
+        "data": str(run.spec.data_dir) if run.spec.rows is None else "given rows (the kit's make_dataloader)",
         "device": str(run.dev),
         "dtype": run.precision.dtype,
         "precision": run.precision.as_dict(),   # what was asked, why, Newton–Schulz's dtype, the CPU probe's numbers
@@ -604,12 +636,13 @@ def finish(
         "config_name": run.spec.config,
         "recipe": run.spec.recipe,
         "tokenizer_source": man["source"] if man else None,
-        "tokenizer_sha256": tokenizer_sha256(run.tok_dir),
+        "tokenizer_sha256": tokenizer_sha256(run.tok_dir) if run.spec.tokenizer is None else None,
         "config": config_dict(run.mcfg, tcfg),
     }
     res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
+    if run.val_path is None: return res   # the kit's data: its evaluate_bpb scores the run (spec.score)
     te = time.perf_counter_ns()
     vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
     dev = run.dev
@@ -636,7 +669,7 @@ def run_preflight(run: Run) -> dict:
     budget_s = run.spec.budget_s if run.spec.steps is None else None
     deadline = max(30.0, tcfg.preflight_frac * budget_s) if budget_s else 120.0
     seed = run.spec.seed + 20_000   # a batch the run never trains on
-    _, batches = rank_loader(run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)
+    _, batches = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)
     x, y = next(iter(batches))
     agree = (lambda flags: agree_max(flags, run.world, run.ctrl)) if run.world > 1 else None
     decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
@@ -646,6 +679,33 @@ def run_preflight(run: Run) -> dict:
     return decisions
 
 # %% ../nbs/30_train.ipynb #4b375bb3
+def _scored(run: Run, res: dict) -> dict:
+    """`spec.score(run)` on every rank (the process group is still up for its sums), added to result.json as `scorer`;
+    a scorer that fails is reported as `scorer_error`, never a crash: our own val_bpb stands."""
+    try: res["scorer"] = run.spec.score(run)
+    except Exception as e: res["scorer_error"] = f"{type(e).__name__}: {first_line(e)}"
+    if res["val_bpb"] is None: res["val_bpb"] = res.get("scorer", {}).get("val_bpb")   # the kit's data: its number
+    if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
+    return res
+
+#| export
+COMPILE_MARGIN_S = 60.0   # competition mode: compilation ends this long before the free start-up does (as FF's 60 s)
+STARTUP_CAP_S = 900.0     # the kit's TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS (nbs/32_kit_prepare)
+
+def _allowance_s(spec: RunSpec, mode: str) -> float:
+    "The start-up seconds not charged: as asked, else the kit's cap in competition mode and none otherwise."
+    if spec.startup_allowance_s is not None: return spec.startup_allowance_s
+    return STARTUP_CAP_S if mode == "competition" else 0.0
+
+def _compile_limit_s(spec: RunSpec, tcfg: TrainConfig, mode: str, t0_ns: int) -> float | None:
+    """Seconds compilation may take: in competition mode what is left of the free start-up, less a margin; in the other
+    budgeted modes `compile_frac` of the budget; none for a run of fixed steps."""
+    if spec.steps is not None: return None
+    if mode == "competition":
+        return max(0.0, _allowance_s(spec, mode) - (time.perf_counter_ns() - t0_ns) / 1e9 - COMPILE_MARGIN_S)
+    return tcfg.compile_frac * spec.budget_s
+
+#| export
 def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw) -> dict:
     """Train as `spec` asks — a `RunSpec`, or a `RunSpec`'s arguments: `train("cpu-micro", data, out, steps=20)` — and
     return result.json's dict. `callback(rec)` is called with every logged metrics record; returning True stops the run
@@ -657,8 +717,9 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
     run = setup(spec)
     steps, budget_s = spec.steps, spec.budget_s
     try:
-        mode = spec.budget_mode or ("wall" if run.dev.type == "neuron" or run.tcfg.charge_warmup else "charged")
-        clock = Clock(run.dev, mode, spec.startup_allowance_s, t0)
+        mode = spec.budget_mode or ("competition" if run.dev.type == "neuron" else
+                                    "wall" if run.tcfg.charge_warmup else "charged")
+        clock = Clock(run.dev, mode, _allowance_s(spec, mode), t0, spec.excluded_steps)
         if run.faults.startup_delay_s: time.sleep(run.faults.startup_delay_s)   # NF_FAULT=startup-delay:S
         if run.tcfg.preflight: run.kernels = run_preflight(run)  # a kernel only if it runs, matches, is not slower
         run.say(
@@ -670,8 +731,8 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"
         )
         if spec.resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")
-        warm_ns = warm_up(run, run.tcfg.compile_frac * budget_s if steps is None else None)   # takes the first snapshot
-        if mode == "wall" and steps is None and not spec.resume:   # a finite model.pt from the start, its write timed
+        warm_ns = warm_up(run, _compile_limit_s(spec, run.tcfg, mode, t0))   # takes the first snapshot
+        if mode != "charged" and steps is None and not spec.resume:   # a finite final.pt from the start, write timed
             save_checkpoints(run, model_only=True)
             _update_reserve(run, clock)
         clock.start(run.state["train_ns"], run.state.get("train_start_ns"))
@@ -686,6 +747,7 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
             status, why, last_loss = "crashed", f"{type(e).__name__}: {first_line(e, 200)}", float("nan")
             run.say(f"crashed in training: {why}")
         res = finish(run, clock, watchdog, warm_ns, status, why, last_loss)
+        if spec.score is not None: res = _scored(run, res)
         if run.world > 1: dist.barrier(group=run.ctrl)  # no rank tears the group down while another still uses it
         return res
     finally:

@@ -36,9 +36,9 @@ def test_speedrun_prints_val_bpb_and_writes_run_dir(pydocs, tmp_path):
     assert [r["step"] for r in recs] == list(range(1, 11))
     assert {"step", "time_s", "loss", "lr_mult", "tokens", "tok_s", "mfu"} <= set(recs[0])
     # the checkpoint scores the same through `eval` (the competition's load_for_eval path)
-    e = cli("eval", out / "model.pt", "--data", pydocs)
+    e = cli("eval", out / "final.pt", "--data", pydocs)
     assert e.returncode == 0, e.stderr
-    assert abs(float(e.stdout.strip().split("=")[1]) - res["val_bpb"]) < 5e-5
+    assert abs(float(e.stdout.strip().split("val_bpb=")[1]) - res["val_bpb"]) < 5e-5
 
 
 def test_same_seed_same_losses(pydocs, tmp_path):
@@ -165,12 +165,12 @@ def test_ctrl_c_saves_checkpoint_and_reports_interrupted(pydocs, tmp_path):
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, (p.returncode, stderr)
     res = json.loads((out / "result.json").read_text())
-    assert res["status"] == "interrupted" and 2 <= res["steps"] < total and (out / "model.pt").exists()
+    assert res["status"] == "interrupted" and 2 <= res["steps"] < total and (out / "final.pt").exists()
     # it resumes from there, and lands on exactly the weights of an uninterrupted run of the same steps
     r = cli("train", "--config", "cpu-micro", "--steps", str(total), "--data", pydocs, "--out", out, "--resume", *FAST)
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "result.json").read_text())["steps"] == total
     r = cli("train", "--config", "cpu-micro", "--steps", str(total), "--data", pydocs, "--out", tmp_path / "straight", *FAST)
     assert r.returncode == 0, r.stderr
-    a, b = (torch.load(d / "model.pt", weights_only=True)["model"] for d in (out, tmp_path / "straight"))
+    a, b = (torch.load(d / "final.pt", weights_only=True)["model"] for d in (out, tmp_path / "straight"))
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]

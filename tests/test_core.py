@@ -17,7 +17,7 @@ def sample(tmp_path_factory):
     d = tmp_path_factory.mktemp("core")
     bundle = write_sample_bundle(d / "eval_bundle")
     save_tokenizer(byte_tokenizer(), d / "data" / "tokenizer", source="bytes")
-    save_model(d / "model.pt", bigram_model())
+    save_model(d / "final.pt", bigram_model())
     with zipfile.ZipFile(d / "eval_bundle.zip", "w") as z:   # nanochat's layout: one folder eval_bundle/
         for f in sorted(bundle.rglob("*")):
             if f.is_file(): z.write(f, "eval_bundle/" + str(f.relative_to(bundle)))
@@ -34,7 +34,7 @@ def _rows(stdout: str) -> dict:
 
 
 def test_eval_core_scores_the_sample_as_worked_out_by_hand(sample):
-    r = cli("eval", sample / "model.pt", "--core", sample / "eval_bundle", "--data", sample / "data", "--device", "cpu")
+    r = cli("eval", sample / "final.pt", "--core", sample / "eval_bundle", "--data", sample / "data", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == f"val_bpb: not scored (no shards in {sample / 'data'})"
     rows = _rows(r.stdout)
@@ -72,7 +72,7 @@ def test_eval_core_bad_bundle_is_one_line_and_exit_2(sample, tmp_path):
     for args, expect in [(["--core", tmp_path / "none"], "no such directory; fetch it: neuronfrontier prepare --core"),
                          (["--core", broken], "core.yaml: not valid YAML"),
                          (["--core", sample / "eval_bundle", "--core-max-per-task", "0"], "must be >= 1")]:
-        r = cli("eval", sample / "model.pt", *args, "--data", sample / "data")
+        r = cli("eval", sample / "final.pt", *args, "--data", sample / "data")
         assert r.returncode == 2 and expect in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
 
 
@@ -134,7 +134,7 @@ def test_prepare_core_retries_a_flaky_server_and_resumes(sample, tmp_path):
 
 
 def test_speedrun_core_scores_the_run_it_trained(sample, pydocs, tmp_path):
-    "`speedrun --core`: the trained model.pt scored after the run's own table; a broken bundle fails first."
+    "`speedrun --core`: the trained final.pt scored after the run's own table; a broken bundle fails first."
     r = cli("speedrun", "--config", "cpu-micro", "--steps", "2", "--data", pydocs, "--out", tmp_path / "run",
             "--set", "eval_tokens=4096", "--quiet", "--core", sample / "eval_bundle")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -150,6 +150,6 @@ def test_speedrun_core_scores_the_run_it_trained(sample, pydocs, tmp_path):
 
 def test_too_few_items_for_the_shots_fail_before_scoring(sample):
     "--core-max-per-task at or below a task's shots: one line and exit 2 before any task is scored (nothing printed)."
-    r = cli("eval", sample / "model.pt", "--core", sample / "eval_bundle", "--data", sample / "data", "--device", "cpu",
+    r = cli("eval", sample / "final.pt", "--core", sample / "eval_bundle", "--data", sample / "data", "--device", "cpu",
             "--core-max-per-task", "1")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "-shot tasks" in r.stderr and r.stdout == "", r

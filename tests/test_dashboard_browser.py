@@ -81,7 +81,7 @@ def test_dashboard_in_chromium(dashboard):
         expect(page.locator("#run-status")).to_have_text("interrupted", timeout=300_000)   # the checkpoint is scored first
         expect(page.locator("#val-bpb")).to_have_text(re.compile(r"^\d+\.\d{4}$"), timeout=30_000)
         res = json.loads((runs / name / "result.json").read_text())
-        assert res["status"] == "interrupted" and (runs / name / "model.pt").is_file()
+        assert res["status"] == "interrupted" and (runs / name / "final.pt").is_file()
         assert json.loads((runs / name / "launch.json").read_text())["command"][-2:] == ["--set", "eval_tokens=16384"]
         expect(page.locator("#launched")).to_have_text("")                                  # no run from the page any more
         assert page.locator("#val-bpb").inner_text() == f"{res['val_bpb']:.4f}"

@@ -36,7 +36,7 @@ def test_expert_parallel_training_matches_one_process(pydocs, tmp_path):
           f"val_bpb {res1['val_bpb']:.6f} vs {res2['val_bpb']:.6f}")
     assert len(l1) == len(l2) == STEPS and worst < 2e-3, (l1, l2)
     assert (res2["config"]["train"]["ep"], res2["world_size"], res2["tokens"]) == (2, 2, res1["tokens"])
-    assert abs(res1["val_bpb"] - res2["val_bpb"]) < 2e-3 * res1["val_bpb"]   # model.pt holds all the experts again
+    assert abs(res1["val_bpb"] - res2["val_bpb"]) < 2e-3 * res1["val_bpb"]   # final.pt holds all the experts again
 
 
 def _ep_args(pydocs, out, steps=STEPS):
@@ -46,7 +46,7 @@ def _ep_args(pydocs, out, steps=STEPS):
 
 @pytest.mark.slow   # four 2-process runs of training and evaluation: 43 s on a quiet 2-core CPU (measured on CPU)
 def test_expert_parallel_run_checkpoints_consolidated_and_resumes(pydocs, tmp_path):
-    """SIGTERM an --ep 2 run that checkpoints after every step; --resume continues it bit for bit; its model.pt and
+    """SIGTERM an --ep 2 run that checkpoints after every step; --resume continues it bit for bit; its final.pt and
     resume.pt hold every expert (as one process would), so one process without --ep resumes from them too."""
     straight = tmp_path / "straight"
     r = cli(*_ep_args(pydocs, straight))
@@ -66,9 +66,9 @@ def test_expert_parallel_run_checkpoints_consolidated_and_resumes(pydocs, tmp_pa
     done = ck["state"]["step"]
     assert 1 <= done < STEPS, done
     w = ck["model"]["blocks.0.mlp.w_gate"]
-    assert w.shape[0] == 8 and torch.load(out / "model.pt", weights_only=True)["model"]["blocks.0.mlp.w_gate"].shape == w.shape
+    assert w.shape[0] == 8 and torch.load(out / "final.pt", weights_only=True)["model"]["blocks.0.mlp.w_gate"].shape == w.shape
     one = tmp_path / "one"   # the same checkpoint, resumed by one process on the same global batch
-    one.mkdir(); [(one / f).write_bytes((out / f).read_bytes()) for f in ("resume.pt", "model.pt", "metrics.jsonl")]
+    one.mkdir(); [(one / f).write_bytes((out / f).read_bytes()) for f in ("resume.pt", "final.pt", "metrics.jsonl")]
     r = cli(*_ep_args(pydocs, out), "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
     resumed, ref = _losses(out), _losses(straight)

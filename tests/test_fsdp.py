@@ -51,15 +51,15 @@ def test_four_sharded_ranks_train_what_one_process_trains(pydocs, runs):
     assert res4["config"]["train"]["fsdp"] is True and res4["world_size"] == 4
     assert (res4["global_batch"], res4["tokens"]) == (res1["global_batch"], res1["tokens"])
     assert abs(res4["val_bpb"] - res1["val_bpb"]) / res1["val_bpb"] < 5e-3   # as the losses (measured: 4.5e-4, fp32)
-    # model.pt is consolidated: one process scores it as the sharded run's own (gathered) evaluation did
-    ck = torch.load(runs[4] / "model.pt", weights_only=True)
-    ref = torch.load(runs[1] / "model.pt", weights_only=True)
+    # final.pt is consolidated: one process scores it as the sharded run's own (gathered) evaluation did
+    ck = torch.load(runs[4] / "final.pt", weights_only=True)
+    ref = torch.load(runs[1] / "final.pt", weights_only=True)
     assert ck["model"].keys() == ref["model"].keys()
     for k, v in ref["model"].items():
         assert ck["model"][k].shape == v.shape and type(ck["model"][k]) is torch.Tensor, k
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     vb = val_batches(find_shards(pydocs)[1], enc, 512, 8192, 8)
-    single = evaluate_bpb(load_for_eval(runs[4] / "model.pt", torch.device("cpu")), vb, tb)
+    single = evaluate_bpb(load_for_eval(runs[4] / "final.pt", torch.device("cpu")), vb, tb)
     assert abs(single - res4["val_bpb"]) < 1e-9 * single, (single, res4["val_bpb"])
     rs = torch.load(runs[4] / "resume.pt", weights_only=True)   # every optimizer state whole, NorMuon's included
     muon = rs["optimizers"][0]["state"]
@@ -104,5 +104,5 @@ def test_an_exported_submission_trains_sharded(pydocs, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert (res["status"], res["world_size"], res["config"]["train"]["fsdp"]) == ("completed", 2, True)
-    model = load_for_eval(str(tmp_path / "run" / "model.pt"), torch.device("cpu"))   # consolidated
+    model = load_for_eval(str(tmp_path / "run" / "final.pt"), torch.device("cpu"))   # consolidated
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape[:2] == (1, 8)

@@ -54,6 +54,6 @@ def test_two_machines_on_localhost_train_and_checkpoint(pydocs, tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert (res["status"], res["steps"], res["world_size"], res["global_batch"]) == ("completed", 4, 2, 2)
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["world_size"] == 2
-    model = load_for_eval(str(out / "model.pt"), torch.device("cpu"))   # one consolidated checkpoint
+    model = load_for_eval(str(out / "final.pt"), torch.device("cpu"))   # one consolidated checkpoint
     assert model(torch.zeros(1, 8, dtype=torch.long)).shape[:2] == (1, 8)
     assert (out / "resume.pt").exists()

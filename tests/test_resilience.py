@@ -117,7 +117,7 @@ def test_start_up_does_not_eat_the_warm_up(pydocs, tmp_path, faults):
 
 
 def test_the_final_save_fits_the_budget_even_on_a_slow_disk(pydocs, tmp_path, faults):
-    "slow-save:3 in a 20 s wall budget: the first write of model.pt is timed, its time kept free; it ends within budget."
+    "slow-save:3 in a 20 s wall budget: the first write of final.pt is timed, its time kept free; it ends within budget."
     faults("slow-save:3")
     r = T.train("cpu-micro", pydocs, tmp_path / "r", budget_s=20, budget_mode="wall", sets=FAST, verbose=False)
     assert r["save_reserve_s"] >= 3.0 * 1.25 and r["last_save_s"] >= 3.0 and r["steps"] > 0
@@ -171,7 +171,7 @@ def test_each_rank_packs_only_its_rows(pydocs):
 def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     """The done-when, every fault in one run: torchrun --nproc_per_node 2 train.py of a cpu-micro export with a NaN, a
     kernel that raises, a kernel that is wrong, a slow disk and a slow start ends within its wall budget with a finite
-    model.pt whose val_bpb, scored through the export's load_for_eval, is below the unigram baseline."""
+    final.pt whose val_bpb, scored through the export's load_for_eval, is below the unigram baseline."""
     d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
                  data_dir=pydocs, tokenizer_dir=pydocs / "tokenizer", fit=False)
     budget = 40
@@ -190,7 +190,7 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("sub_train", d / "train.py")
     mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)
-    model = mod.load_for_eval(str(tmp_path / "out" / "model.pt"), torch.device("cpu"))
+    model = mod.load_for_eval(str(tmp_path / "out" / "final.pt"), torch.device("cpu"))
     assert all(torch.isfinite(q).all() for q in model.parameters())
     assert res["val_bpb"] < res["unigram_bpb"], (res["val_bpb"], res["unigram_bpb"])
 
@@ -199,7 +199,7 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
 @pytest.mark.parametrize("fault,budget", [("nan@30", 45), ("kernel-error:swiglu", 45), ("kernel-mismatch:attention", 45),
                                           ("slow-save:10", 60), ("startup-delay:30", 60)])
 def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, budget):
-    "Each fault alone, as the issue states them: within the budget, a finite model.pt below the unigram baseline."
+    "Each fault alone, as the issue states them: within the budget, a finite final.pt below the unigram baseline."
     # a start-up delay: a warm-up of 10% of what is left (~3 s, ~10 steps here) and every step logged, so its start shows
     sets = ["warmup_frac=0.1", "log_every=1"] if fault.startswith("startup") else ["log_every=5"]
     d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,

@@ -57,7 +57,7 @@ def _checkpoint(data):
     import pathlib, tempfile
     from neuronfrontier.checkpoint import save_model, load_for_eval
     m = _micro()
-    path = save_model(pathlib.Path(tempfile.mkdtemp()) / "model.pt", m)
+    path = save_model(pathlib.Path(tempfile.mkdtemp()) / "final.pt", m)
     idx = torch.randint(0, 8192, (1, 16))
     assert torch.equal(load_for_eval(path, torch.device("cpu"))(idx), m.eval()(idx))
 
@@ -110,6 +110,16 @@ def _moe(data):
 def _bundler(data):
     from neuronfrontier.bundler import bundle
     assert "def load_for_eval(" in bundle("cpu-micro", data_dir=data, tokenizer_dir=data / "tokenizer")
+
+
+def _kit_prepare(data):
+    import os
+    from neuronfrontier import kit_prepare as K
+    os.environ["NEURON_COMPETITION_R1_CACHE_DIR"] = str(data)
+    try:
+        x, y, state = next(K.make_dataloader(K.ensure_tokenizer(), 2, 64, "train", "cpu"))
+        assert x.shape == y.shape == (2, 64) and state == {"epoch": 0}
+    finally: del os.environ["NEURON_COMPETITION_R1_CACHE_DIR"]
 
 
 def _contract(data):
@@ -169,6 +179,7 @@ CALLS = {
     "neuronfrontier.diagnostics": _diagnostics,
     "neuronfrontier.distributed": lambda data: importlib.import_module("neuronfrontier.distributed").agree_max([1, 2], 1),
     "neuronfrontier.evaluate": _evaluate,
+    "neuronfrontier.kit_prepare": _kit_prepare,
     "neuronfrontier.hw": lambda data: importlib.import_module("neuronfrontier.hw").mfu(1e5, 6e8, "trn2"),
     "neuronfrontier.neuron": lambda data: importlib.import_module("neuronfrontier.neuron").torch_neuronx_module(),
     "neuronfrontier.precision": lambda data: importlib.import_module("neuronfrontier.precision").choose_precision("auto", "cpu"),

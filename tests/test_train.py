@@ -70,7 +70,7 @@ def test_trainer_trains_in_bf16_and_evaluates_in_fp32(pydocs, tmp_path, monkeypa
     # the saved fp32 weights score the same through the scorer's loader
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     vb = val_batches(find_shards(pydocs)[1], enc, 512, 8192, 8)
-    assert abs(evaluate_bpb(load_for_eval(tmp_path / "bf16" / "model.pt", torch.device("cpu")), vb, tb) - r["val_bpb"]) < 1e-6
+    assert abs(evaluate_bpb(load_for_eval(tmp_path / "bf16" / "final.pt", torch.device("cpu")), vb, tb) - r["val_bpb"]) < 1e-6
 
 
 def _compile_spy(monkeypatch):
@@ -157,14 +157,14 @@ def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
     res = json.loads((out / "result.json").read_text())
     assert res["status"] == "diverged" and "ln V" in res["diverged_because"] and "3 rollbacks before" in res["diverged_because"]
     assert [rb["lr_scale"] for rb in res["rollbacks"]] == [0.5, 0.25, 0.125] and res["model_saved"]
-    m = load_for_eval(out / "model.pt", torch.device("cpu"))   # the last finite state, scored
+    m = load_for_eval(out / "final.pt", torch.device("cpu"))   # the last finite state, scored
     assert all(torch.isfinite(p).all() for p in m.parameters()) and 0 < res["val_bpb"] < 20
 
 
 def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_path, monkeypatch):
     out = tmp_path / "run"
     T.train("cpu-micro", pydocs, out, steps=5, sets=FAST, verbose=False)
-    good = {f: (out / f).read_bytes() for f in ("model.pt", "resume.pt")}
+    good = {f: (out / f).read_bytes() for f in ("final.pt", "resume.pt")}
     real_step, calls = T.train_step, []
     def poisoned(model, *a, **k):
         loss = real_step(model, *a, **k); calls.append(1)
@@ -177,8 +177,8 @@ def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_pat
     # the NaN is seen at log step 20 (5 resumed + 15): back to the state the resumed run started from, then on to step 40
     assert r["status"] == "interrupted" and r["steps"] == 40 and len(r["rollbacks"]) == 1, r
     assert r["rollbacks"][0]["to_step"] == 5 and r["rollbacks"][0]["step"] == 20 and r["rollbacks"][0]["lr_scale"] == 0.5
-    assert good["model.pt"] != (out / "model.pt").read_bytes()   # what is saved is finite, never the NaN weights
-    assert torch.isfinite(load_for_eval(out / "model.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
+    assert good["final.pt"] != (out / "final.pt").read_bytes()   # what is saved is finite, never the NaN weights
+    assert torch.isfinite(load_for_eval(out / "final.pt", torch.device("cpu")).blocks[0].mlp.w_up.weight).all()
 
 
 def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
@@ -191,7 +191,7 @@ def test_nan_in_the_last_update_is_not_saved(pydocs, tmp_path, monkeypatch):
     monkeypatch.setattr(T, "train_step", poisoned)
     r = T.train("cpu-micro", pydocs, tmp_path / "last", steps=6, sets=FAST + ["snapshot_every=5"], verbose=False)
     assert r["status"] == "completed" and r["rollbacks"][-1]["to_step"] == 5 and "at the end" in r["rollbacks"][-1]["why"]
-    assert torch.isfinite(load_for_eval(tmp_path / "last" / "model.pt", torch.device("cpu")).lm_head.weight).all()
+    assert torch.isfinite(load_for_eval(tmp_path / "last" / "final.pt", torch.device("cpu")).lm_head.weight).all()
 
 
 def test_no_step_at_lr_multiplier_zero(pydocs, tmp_path):
@@ -211,7 +211,7 @@ def test_charge_warmup_counts_the_warmup(pydocs, tmp_path):
 
 def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkeypatch):
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST, verbose=False)
-    ck = tmp_path / "r" / "model.pt"
+    ck = tmp_path / "r" / "final.pt"
     ops._load_kernels()
     def refuse(*a, **k): raise AssertionError("an nki-sim kernel ran")
     for op in ops.OPS: monkeypatch.setitem(ops._IMPLS[op], "nki-sim", refuse)
@@ -229,7 +229,7 @@ def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkey
 
 def test_model_pt_is_weights_only_and_resume_pt_has_the_rest(pydocs, tmp_path):
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST, verbose=False)
-    m = torch.load(tmp_path / "r" / "model.pt", weights_only=True)
+    m = torch.load(tmp_path / "r" / "final.pt", weights_only=True)
     r = torch.load(tmp_path / "r" / "resume.pt", weights_only=True)
     assert sorted(m) == ["model", "model_config", "train_config"]
     assert {"optimizers", "state", "rng"} <= set(r) and r["state"]["step"] == 2
@@ -260,7 +260,7 @@ def test_every_preset_trains_at_least_at_its_scored_length():
 def test_scoring_at_the_eval_length_is_not_worse_than_at_half_of_it(pydocs, tmp_path):
     "The same targets scored in full 512-token rows and in 256-token halves: the longer context must not cost bpb."
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=60, sets=FAST, verbose=False)
-    m = load_for_eval(tmp_path / "r" / "model.pt", torch.device("cpu"))
+    m = load_for_eval(tmp_path / "r" / "final.pt", torch.device("cpu"))
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     _, t = resolve("cpu-micro")
     vb = val_batches(find_shards(pydocs)[1], enc, t.eval_seq_len, 16384, 8)
