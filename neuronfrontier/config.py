@@ -223,7 +223,7 @@ class TrainConfig:
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
     dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 02_precision),
                                 # 'bf16' (autocast forward and backward) or 'fp32'
-    compile: bool = False       # torch.compile the loss path (compiled during the warm-up)
+    compile: bool | None = None  # torch.compile the loss path (during the warm-up); None: on Neuron only
     charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
     eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
     eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
@@ -474,7 +474,8 @@ FIELD_SOURCES: dict[str, str] = {
     "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere",
     "dtype": "runtime: auto = bf16 where the device computes it natively (trn2, CUDA, a CPU whose probe says so), "
              "else fp32 (02_precision)",
-    "compile": "runtime: eager; torch.compile is opt-in (compile_frac bounds it)",
+    "compile": "chip evidence: compiled code took FrontierForge from 912 to ~2,390 steps in 30 min (CHIP_EVIDENCE 2); "
+               "on Neuron by default, inside the free start-up; elsewhere opt-in",
     "charge_warmup": "runtime: charged mode only; wall mode counts everything",
     "eval_tokens": "measured here: a fixed 131,072-token evaluation so runs compare (the organisers score separately)",
     "eval_seq_len": "rules: the scorer's rows are 2,048 tokens; CPU presets score 512",

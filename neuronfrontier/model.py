@@ -172,6 +172,9 @@ class GPT(nn.Module):
         )
 
     def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        "The rotary tables for T positions, cached per (T, device); in a compiled graph computed in it (no cache)."
+        # a cache filled while tracing changes what the graph's guards saw, and the next call recompiles
+        if torch.compiler.is_compiling(): return rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)
         key = (T, str(device))
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}
         return self._rope[key]

@@ -22,7 +22,10 @@ _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 _KERNEL_MODULES = tuple(
     f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe")
 )
-_state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set()}
+# fallback: an `nki` kernel that raises sends its op to PyTorch (off in the rehearsal, which must see the failure)
+# fell_back: op -> why its kernel was given up at run time; importer: how kernel modules are imported (NF_FAULT)
+_state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set(), "fallback": True,
+          "fell_back": {}, "importer": importlib.import_module}
 
 def register(op: str, backend: str):
     "Decorator: make `fn` the implementation of `op` for `backend`."
@@ -72,15 +75,22 @@ def use_backend(spec: str):
 
 # %% ../nbs/03_ops.ipynb #1448db6c
 def _load_kernels():
+    """Import the kernel modules once; whatever goes wrong in one (not there, an exception at import or while it
+    registers) leaves the table as it was before it, with a warning: those ops run PyTorch."""
     if _state["kernels_loaded"]: return
     _state["kernels_loaded"] = True
     for mod in _KERNEL_MODULES:
-        try: m = importlib.import_module(mod)
-        except ImportError as e:
-            if e.name is None or not mod.startswith(e.name): raise  # only "this kernel is not there yet" is tolerated
-            continue
-        if hasattr(m, "install"):
-            m.install(register)  # a submission's kernel package (nf_kernels) registers into this table
+        before = {op: dict(impls) for op, impls in _IMPLS.items()}
+        try:
+            m = _state["importer"](mod)
+            if hasattr(m, "install"):
+                m.install(register)  # a submission's kernel package (nf_kernels) registers into this table
+        except Exception as e:
+            _IMPLS.update(before)   # no half-registered kernel
+            if not (isinstance(e, ImportError) and e.name and mod.startswith(e.name)):   # "not there": no news
+                _state["fell_back"][mod] = f"{type(e).__name__}: {e}"
+                _warn_once(("load", mod), f"ops: the kernels of {mod} are not used ({type(e).__name__}: {e}); "
+                                          f"their ops run PyTorch")
 
 
 def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
@@ -108,12 +118,20 @@ def backend_table(device="cpu") -> dict[str, str]:
 _TORCH_FROM = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
 
 def _call(op, first, *args, **kw):
-    impl = _IMPLS[op].get(backend_for(op, first.device))
+    backend = backend_for(op, first.device)
+    impl = _IMPLS[op].get(backend)
     if impl is None:
         raise RuntimeError(
             f"ops.{op}: no implementation registered yet; import {_TORCH_FROM.get(op, __name__)} first (the model does)"
         )
-    return impl(first, *args, **kw)
+    if backend != "nki" or not _state["fallback"]: return impl(first, *args, **kw)
+    try: return impl(first, *args, **kw)
+    except Exception as e:   # a kernel that fails at any call (a shape or dtype the preflight did not see): PyTorch
+        _state["spec"] = {**_state["spec"], op: "torch"}
+        _state["fell_back"][op] = f"{type(e).__name__}: {e}"
+        _warn_once(("failed", op), f"ops.{op}: the {backend} kernel failed ({type(e).__name__}: {e}); "
+                                   f"PyTorch from here on")
+        return _IMPLS[op]["torch"](first, *args, **kw)
 
 # %% ../nbs/03_ops.ipynb #4355f6cd
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:

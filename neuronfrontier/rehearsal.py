@@ -125,8 +125,8 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
 
 # %% ../nbs/93_rehearsal.ipynb #d79456db
 _NAMES = ("GPT", "build_optimizers", "train_step", "autocast", "evaluate_sums", "resolve", "parse_backend",
-          "set_backend", "use_backend", "_IMPLS", "backend_table", "DataParallel", "choose_precision", "CONFIG",
-          "RECIPE", "SETS")
+          "set_backend", "use_backend", "_IMPLS", "_state", "backend_table", "DataParallel", "choose_precision",
+          "CONFIG", "RECIPE", "SETS")
 
 def _import_submission(standin):
     "Import ./train.py with the simulator for `nki`, the stand-in for `torch_neuronx`, and `neuronfrontier` refused."
@@ -156,6 +156,7 @@ def _serve(train, standin):
 def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple[dict, dict, list]:
     "Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures)."
     failures = []
+    train._state["fallback"] = False   # a failing kernel must raise here, not fall back quietly as it does on the chip
     while True:
         train.set_backend(trn2_backends(train.parse_backend, tcfg.kernels, torch_ops))
         backends = train.backend_table("cpu")

@@ -24,19 +24,23 @@ class Faults:
     kernel_mismatch: tuple = ()              # ops whose nki implementation returns a perturbed result
     slow_save_s: float = 0.0                 # seconds added to every write of final.pt
     startup_delay_s: float = 0.0             # seconds slept at start-up
+    kernel_import: bool = False              # the kernel modules raise when imported
+    kernel_variant: tuple = ()               # ops whose nki implementation raises at its second variant (shapes,
+                                             # dtypes or arguments it was not first called with)
 
     def __bool__(self): return self != Faults()
 
 def parse_faults(spec: str | None) -> Faults:
     "`NF_FAULT` (e.g. 'nan@40,kernel-error:swiglu,slow-save:20') as `Faults`; a ValueError names an unreadable item."
-    f, hint = Faults(), ("use nan@STEP, kernel-error:OP, kernel-mismatch:OP, slow-save:SECONDS, startup-delay:SECONDS, "
-                         "separated by commas")
+    f, hint = Faults(), ("use nan@STEP, kernel-error:OP, kernel-mismatch:OP, kernel-variant:OP, kernel-import, "
+                         "slow-save:SECONDS, startup-delay:SECONDS, separated by commas")
     for item in (x.strip() for x in (spec or "").split(",")):
         if not item: continue
         kind, sep, arg = item.partition("@" if item.startswith("nan") else ":")
         try:
             if kind == "nan" and sep: f.nan_at = int(arg)
-            elif kind in ("kernel-error", "kernel-mismatch") and sep:
+            elif kind == "kernel-import" and not sep: f.kernel_import = True
+            elif kind in ("kernel-error", "kernel-mismatch", "kernel-variant") and sep:
                 if arg not in ops.OPS: raise ValueError(f"unknown op {arg!r}; ops are {', '.join(ops.OPS)}")
                 name = kind.replace("kernel-", "kernel_")
                 setattr(f, name, getattr(f, name) + (arg,))
@@ -50,22 +54,37 @@ def parse_faults(spec: str | None) -> Faults:
     return f
 
 # %% ../nbs/25_resilience.ipynb #85c3e0e3
+def _variant(args, kwargs) -> tuple:
+    "What tells two calls of a kernel apart: each tensor's shape and dtype, every other argument's value."
+    key = lambda a: (tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a)
+    return tuple(map(key, args)) + tuple((k, key(v)) for k, v in sorted(kwargs.items()))
+
 def faulty_impl(op: str, impl, kind: str):
-    "A stand-in for OP's nki implementation: `impl` raising on its first call (`kind='error'`) or perturbing results."
-    calls = [0]
+    """A stand-in for OP's nki implementation: `impl` raising on its first call (`kind='error'`), at its second variant
+    (`'variant'`), or perturbing results (`'mismatch'`)."""
+    calls, first = [0], []
     def run(*args, **kwargs):
         calls[0] += 1
         if kind == "error" and calls[0] == 1:
             raise RuntimeError(f"NF_FAULT kernel-error:{op}: the kernel failed on its first call")
+        if kind == "variant":
+            first[:] = first or [_variant(args, kwargs)]
+            if _variant(args, kwargs) != first[0]:
+                raise RuntimeError(f"NF_FAULT kernel-variant:{op}: the kernel failed at a second variant")
         out = impl(*args, **kwargs)
         return out * 1.05 if kind == "mismatch" else out
     return run
 
+def _raising_import(name: str):
+    raise RuntimeError(f"NF_FAULT kernel-import: {name} raised while importing")
+
 def install_kernel_faults(faults: Faults) -> list[str]:
     "Put the fault stand-ins of `faults` into the ops table and set their ops to `nki`; returns the ops so faulted."
     done = []
+    if faults.kernel_import: ops._state["importer"] = _raising_import
     ops._load_kernels()
-    for kind, names in (("error", faults.kernel_error), ("mismatch", faults.kernel_mismatch)):
+    for kind, names in (("error", faults.kernel_error), ("mismatch", faults.kernel_mismatch),
+                        ("variant", faults.kernel_variant)):
         for op in names:
             impls = ops._IMPLS[op]
             impls["nki"] = faulty_impl(op, impls.get("nki") or impls["torch"], kind)
@@ -96,8 +115,8 @@ def capture_op_calls(model, x, y, ops_wanted, autocast_ctx) -> dict:
     return seen
 
 def _rel(a, b) -> float:
-    "max|a - b| / max|b| in fp64 (inf where a is not finite)."
-    a, b = a.detach().double(), b.detach().double()
+    "max|a - b| / max|b| in fp64 on the host (inf where a is not finite; fp64 on a Neuron device is not documented)."
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
     if not torch.isfinite(a).all(): return math.inf
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 

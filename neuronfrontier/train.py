@@ -171,6 +171,7 @@ def _compiled(fn, dev: torch.device):
     """`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an
     error, not a slow path)."""
     if dev.type == "cpu": _inductor_cache_per_capability()
+    ops._load_kernels()   # imported here, not inside the traced step: an import in the graph breaks it
     return torch.compile(
         fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {})
     )
@@ -335,6 +336,7 @@ def setup(spec: RunSpec) -> Run:
     if ck is not None:   # a resumed run goes on in the dtypes it started with
         precision = precision.resumed(ck["train_config"].get("dtype"), ck["state"].get("ns_dtype"))
     tcfg = replace(tcfg, dtype=precision.dtype)
+    if tcfg.compile is None: tcfg = replace(tcfg, compile=dev.type == "neuron")   # the chip compiles by default
     if lead and precision.warning: print(precision.warning, file=sys.stderr)
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)
@@ -615,6 +617,7 @@ def finish(
         "model_saved": True,
         "model_saved_at_s": saved_at_s,
         "kernels": run.kernels,
+        "kernel_fallbacks": dict(ops._state["fell_back"]),   # kernels given up at run time (op or module: why)
         "compile": run.compile_info,
         "rollbacks": run.rollbacks,
         "snapshots": run.snapshot.report(),

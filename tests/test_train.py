@@ -116,6 +116,36 @@ def test_forced_cpu_capability_compiles_into_its_own_inductor_cache():
     assert out[1] == f"{out[0]}_avx2" and out[2] == "/tmp/mine", out   # out[0]: the default, untouched
 
 
+def test_the_loss_traces_to_one_graph_and_no_recompilation():
+    """Dynamo alone (backend 'eager', seconds): cpu-micro's loss through the ops table is one graph with no break, and
+    three calls trace it once (what inductor and the Neuron backend are handed)."""
+    from torch._dynamo.utils import counters
+    from neuronfrontier.model import GPT
+    from neuronfrontier.config import CONFIGS
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    m = GPT(CONFIGS["cpu-micro"])
+    x = torch.randint(0, 8192, (2, CONFIGS["cpu-micro"].seq_len))
+    ops._load_kernels()   # as train._compiled does before compiling
+    f = torch.compile(m.loss, backend="eager", dynamic=False)
+    for _ in range(3): f(x, x).backward()
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.slow   # inductor compiles cpu-micro for ~20-30 s on a 2-core CPU
+def test_the_compiled_step_has_one_graph_and_no_recompilation(pydocs, tmp_path):
+    """compile=true on cpu-micro: the loss (through the ops table's dispatch) is one graph with no break, and 6 steps
+    (2 warm-up, 4 charged) compile it once: no recompilation."""
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    T.train("cpu-micro", pydocs, tmp_path / "c", steps=4, sets=["compile=true"] + FAST, verbose=False)
+    print(dict(counters["stats"]), dict(counters["graph_break"]), dict(counters["recompiles"]))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"], dict(counters["stats"])
+
+
 # Over whole runs the losses of cpu-tiny do not compare: at init the residual and x0 scalars get gradients of ~1e-10,
 # pure rounding, and AdamW (eps 1e-10, the kit's) turns each into a step of about lr in the direction of its sign, so
 # compiled and eager runs part after the first step (measured over 10 steps: up to 2.5e-2 relative in fp32). One step's
