@@ -88,6 +88,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'neuronfrontier.clock.Clock._charge_startup': ( 'clock.html#clock._charge_startup',
                                                                                       'neuronfrontier/clock.py'),
                                       'neuronfrontier.clock.Clock.adopt': ('clock.html#clock.adopt', 'neuronfrontier/clock.py'),
+                                      'neuronfrontier.clock.Clock.charged_now_ns': ( 'clock.html#clock.charged_now_ns',
+                                                                                     'neuronfrontier/clock.py'),
                                       'neuronfrontier.clock.Clock.fraction': ('clock.html#clock.fraction', 'neuronfrontier/clock.py'),
                                       'neuronfrontier.clock.Clock.now_ns': ('clock.html#clock.now_ns', 'neuronfrontier/clock.py'),
                                       'neuronfrontier.clock.Clock.start': ('clock.html#clock.start', 'neuronfrontier/clock.py'),

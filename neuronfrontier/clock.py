@@ -119,6 +119,10 @@ class Clock:
         elif self.mode == "charged": self.charged_ns += now - started_ns
         else: self.charged_ns = self._offset_ns + now
         return now - started_ns
+    def charged_now_ns(self) -> int:
+        "What the clock charges up to now, between steps too (wall and competition); `charged` mode: its steps only."
+        if self.mode == "charged" or self.pending: return self.charged_ns
+        return self._offset_ns + self.now_ns()
     def adopt(self, charged_ns: int):
         "Take the charged time agreed with the other ranks (the slowest rank's)."
         self._offset_ns += charged_ns - self.charged_ns

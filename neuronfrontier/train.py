@@ -521,9 +521,14 @@ def loop(
                     dist.all_reduce(stats)
                     stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
                 last_loss, bad = stats.tolist()  # one read: syncs the device
-            clock.step_done(ts, sync=check or near_end)
+            free = clock.pending   # competition mode's excluded steps: not charged, and waited for
+            took_ns = clock.step_done(ts, sync=check or near_end)
             if run.spec.on_step is not None: run.spec.on_step(state["step"])   # the runner's step boundary
-            if check or near_end:   # the steps since the last wait, each charged its share of the finished work
+            if free:   # the charged clock did not move: what the step took is its own duration
+                state["last_step_ns"] = took_ns
+                watchdog.record(took_ns)
+                queued, synced_ns = 0, clock.charged_ns
+            elif check or near_end:   # the steps since the last wait, each charged its share of the finished work
                 state["last_step_ns"] = (clock.charged_ns - synced_ns) // queued
                 watchdog.record(state["last_step_ns"])
                 queued, synced_ns = 0, clock.charged_ns
@@ -593,7 +598,9 @@ def finish(
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
     save_checkpoints(run)
-    saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9   # since the process (wall mode) or train() started
+    # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
+    if clock.mode == "competition": saved_at_s = clock.charged_now_ns() / 1e9
+    else: saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9
     model = run.parallel.eval_model(run.model)   # every rank the whole model (sharded experts or rows: gathered)
     man = read_manifest(run.tok_dir) if run.spec.tokenizer is None else None
     res = {

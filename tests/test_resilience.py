@@ -183,8 +183,8 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "result.json").read_text())
     print({k: res[k] for k in ("steps", "train_s", "model_saved_at_s", "save_reserve_s", "rollbacks", "val_bpb", "unigram_bpb")})
-    assert res["status"] == "completed" and res["world_size"] == 2 and res["budget_mode"] == "wall"
-    assert res["model_saved_at_s"] <= budget + res["max_step_s"]
+    assert res["status"] == "completed" and res["world_size"] == 2 and res["budget_mode"] == "competition"
+    assert res["model_saved_at_s"] <= budget + res["max_step_s"]   # on the runner's clock, the final save included
     assert [rb["step"] for rb in res["rollbacks"]] == [20] and res["faults"]["nan_at"] == 20
     assert {op: k["backend"] for op, k in res["kernels"].items()} == {"swiglu": "torch", "attention": "torch"}
     assert "preflight" in p.stdout and p.stdout.count("preflight") == 1   # one summary line, rank 0's
@@ -218,8 +218,8 @@ def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, bud
     if fault.startswith("nan"): assert [rb["step"] for rb in res["rollbacks"]] == [30]
     if fault.startswith("kernel"): assert [k["backend"] for k in res["kernels"].values()] == ["torch"]
     if fault.startswith("slow-save"): assert res["last_save_s"] >= 10 and res["save_reserve_s"] >= 12.5
-    if fault.startswith("startup"):   # the warm-up's start, not its end (today's clock: 1.0 from the first step)
-        assert res["warmup_s"] >= 30 and lrs[0] < 0.25 and lrs[:4] == sorted(lrs[:4]), lrs[:6]
+    if fault.startswith("startup"):   # the warm-up's start, not its end: the free steps, then a rising warm-up
+        assert res["warmup_s"] >= 30 and max(lrs[:6]) < 0.25 and lrs[6:10] == sorted(lrs[6:10]), lrs[:10]
 
 
 @pytest.mark.parametrize("fault", ["kernel-import", "kernel-variant:rms_norm"])

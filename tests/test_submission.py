@@ -202,3 +202,15 @@ def test_probes_that_cannot_see_say_not_probed(sub, tmp_path):
     table = C.check_table(list((n, ok, why) for n, (ok, why) in rows.items()))
     print(table)
     assert "causal             n/a " in table and "fix: causal, batch independent" in table
+
+
+@pytest.mark.slow   # export (the memory plan) ~1 min and check ~1 min on a 2-core CPU
+def test_check_passes_a_dense_124m_export(pydocs, tmp_path):
+    """The default preset's export passes `check` in minutes: its 1-step smoke run is one small row, not the preset's
+    2^18-token global batch (1,024 micro-batches of accumulation, which ran for more than 23 minutes)."""
+    d = tmp_path / "d124"
+    e = cli("export", "--config", "dense-124m", "--data", pydocs, "--out", d)
+    assert e.returncode == 0, e.stderr[-2000:]
+    assert f"train.py ({(d / 'train.py').stat().st_size:,} bytes)" in e.stdout
+    r = cli("check", d)
+    assert r.returncode == 0 and "11/11 passed" in r.stdout, r.stdout + r.stderr

@@ -298,3 +298,17 @@ def test_scoring_at_the_eval_length_is_not_worse_than_at_half_of_it(pydocs, tmp_
     full, half = evaluate_bpb(m, vb, tb), evaluate_bpb(m, halves, tb)
     print(f"bpb on 512-token rows {full:.4f}, on the same targets in 256-token rows {half:.4f}")
     assert full <= half + 0.005
+
+
+def test_competition_clock_excluded_steps_train_and_are_timed(pydocs, tmp_path):
+    """budget_mode='competition': the five excluded steps are free yet real — they train with the schedule's first
+    (non-zero) learning rate and the watchdog learns their duration — and the charged clock starts after them."""
+    spec = T.RunSpec("cpu-micro", pydocs, tmp_path / "c", budget_s=6, budget_mode="competition", verbose=False,
+                     sets=tuple(FAST + ["log_every=1", "warmup_frac=0.2"]))
+    res = T.train(spec)
+    recs = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    lrs, times = [r["lr_mult"] for r in recs], [r["time_s"] for r in recs]
+    print(res["steps"], lrs[:8], times[:8])
+    assert res["budget_mode"] == "competition" and res["steps"] > 5
+    assert all(lr > 0 for lr in lrs[:5]) and times[:4] == [0.0] * 4 and times[5] > 0   # steps 1-5 free (step 5 ends
+    assert res["train_s"] <= 6.0 and res["overrun_s"] == 0                              # at 0 + excess: none here)
