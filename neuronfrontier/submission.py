@@ -17,7 +17,7 @@ from .checkpoint import load_for_eval
 __all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'STARTUP_CAP_S', 'STARTUP_STEPS_EXCLUDED',
            'BUDGET_MARGIN_S', 'KIT_MODULE', 'KIT_REQUIRED', 'ALLOWED_NPROC', 'ALLOWED_LNC', 'ALLOWED_PACKAGES',
            'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS', 'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'load_kit',
-           'kit_tokenizer', 'kit_rows', 'kit_scorer', 'submission_main']
+           'kit_tokenizer', 'kit_rows', 'kit_data_fails', 'kit_scorer', 'submission_main']
 
 # %% ../nbs/95_submission.ipynb #b3bbb388
 KIT_DATA_DIR = "~/.cache/autoresearch/data"            # the kit's parquet shards (autoresearch `prepare.py`)
@@ -63,6 +63,14 @@ def kit_rows(kit, tok):
     def rows(seed, tcfg, seq_len):
         return kit.make_dataloader(tok, tcfg.batch_size, seq_len, "train", "cpu")
     return rows
+
+def kit_data_fails(kit, tok) -> str:
+    "'' when the kit's `make_dataloader` gives a first batch (one row of 8 tokens), else why not, in one line."
+    try:
+        next(iter(kit.make_dataloader(tok, 1, 8, "train", "cpu")))
+        return ""
+    except Exception as e:
+        return f"{type(e).__name__}: {first_line(e)}"
 
 def kit_scorer(kit, tok):
     "The kit's `evaluate_bpb` on `load_for_eval(final.pt)` at the run's evaluation settings (every rank calls it)."
@@ -129,6 +137,9 @@ def submission_main(argv=None) -> int:
     if lead and kit is not None and from_kit is None: print("the kit's tokenizer failed to load: the bundled one")
     budget = a.budget or float(getattr(kit, "TRAIN_TIME_BUDGET_SECONDS", COMPETITION_BUDGET_S)) - BUDGET_MARGIN_S
     use_kit_data = from_kit is not None and hasattr(kit, "make_dataloader") and a.data is None
+    if use_kit_data and (why := kit_data_fails(kit, from_kit[0])):   # fall back before training, not during it
+        use_kit_data = False
+        if lead: print(f"the kit's make_dataloader failed ({why}): the shards in {DATA_DIR}")
     try:
         # the organisers' runner: charged from the completion of the excluded steps, start-up past the cap charged
         spec = RunSpec(CONFIG, Path(a.data or DATA_DIR).expanduser(), Path(a.out).expanduser(),

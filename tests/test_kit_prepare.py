@@ -113,3 +113,20 @@ def test_an_export_runs_as_the_organisers_run_it(pydocs, tmp_path):
     theirs = json.loads(q.stdout.strip().splitlines()[-1])["val_bpb"]
     printed = float(p.stdout.split("val_bpb=")[1].split()[0])
     assert abs(printed - theirs) < 1e-3, (printed, theirs)
+
+
+def test_a_kit_whose_loader_fails_falls_back_to_the_baked_shards(pydocs, tmp_path):
+    "A prepare.py whose make_dataloader raises: train.py says so in a line, trains on the baked shards, and is scored."
+    d = tmp_path / "sub"
+    r = cli("export", "--config", "cpu-micro", "--data", pydocs, "--out", d, "--set", "eval_tokens=8192")
+    assert r.returncode == 0, r.stderr
+    broken = "\n\ndef make_dataloader(*args, **kwargs):\n    raise OSError('no shards on this host')\n"
+    (d / "prepare.py").write_text(STANDIN.read_text() + broken)
+    env = dict(os.environ, NEURON_COMPETITION_R1_CACHE_DIR=str(pydocs), PYTHONUNBUFFERED="1")
+    env.pop("NF_DATA", None)
+    p = subprocess.run([sys.executable, "train.py", "--steps", "3", "--device", "cpu"], cwd=d, capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "the kit's make_dataloader failed (OSError: no shards on this host)" in p.stdout
+    res = json.loads((d / "out" / "result.json").read_text())
+    assert res["data"] == str(pydocs) and res["scorer"]["val_bpb"] > 0
