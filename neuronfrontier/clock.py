@@ -11,7 +11,8 @@ from . import hw
 from .neuron import neuron_available
 
 # %% auto #0
-__all__ = ['BUDGET_MODES', 'pick_device', 'hw_name', 'synchronize', 'Watchdog', 'process_start_ns', 'Clock']
+__all__ = ['BUDGET_MODES', 'STARTUP_CAP_S', 'STARTUP_STEPS_EXCLUDED', 'pick_device', 'hw_name', 'synchronize', 'Watchdog',
+           'process_start_ns', 'Clock']
 
 # %% ../nbs/26_clock.ipynb #01195f26
 def pick_device(name: str | None = None) -> torch.device:
@@ -57,6 +58,8 @@ class Watchdog:
 
 # %% ../nbs/26_clock.ipynb #2ad88634
 BUDGET_MODES = ("charged", "wall", "competition")
+STARTUP_CAP_S = 900.0         # the kit's TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS (nbs/32_kit_prepare)
+STARTUP_STEPS_EXCLUDED = 5    # its TRAIN_STARTUP_STEPS_EXCLUDED: steps before the runner's clock starts
 
 def process_start_ns() -> int:
     "When this process started, on the `time.perf_counter_ns` scale (Linux: /proc/self/stat); now where unknown."
@@ -74,7 +77,7 @@ class Clock:
     to `startup_allowance_s`; `competition` as `wall` once `excluded_steps` steps are done, nothing before."""
 
     def __init__(self, device, mode: str = "charged", startup_allowance_s: float = 0.0, t0_ns: int | None = None,
-                 excluded_steps: int = 5):
+                 excluded_steps: int = STARTUP_STEPS_EXCLUDED):
         if mode not in BUDGET_MODES:
             raise ValueError(f"--budget-mode {mode}: unknown; use one of {', '.join(BUDGET_MODES)}")
         if startup_allowance_s < 0:

@@ -202,10 +202,10 @@ def kernels_report(
     from neuronfrontier.config import resolve
     from neuronfrontier.hw import TRN2
     from neuronfrontier.kernels import rmsnorm, swiglu, attention, cross_entropy as ce
-    from neuronfrontier.precision import choose_precision
+    from neuronfrontier.precision import choose_precision, TORCH_DTYPES
     m, t = resolve(config)
     dn = choose_precision(t.dtype, "neuron").dtype   # the chip's dtype (auto: bf16), not this CPU's
-    dt = torch.bfloat16 if dn == "bf16" else torch.float32
+    dt = TORCH_DTYPES[dn]
     s = 2 if dt == torch.bfloat16 else 4
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g) * scale).to(dt)

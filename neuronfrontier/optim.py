@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch import nn, Tensor
-from .precision import bf16_native
+from .precision import choose_precision, TORCH_DTYPES
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5',
@@ -59,8 +59,9 @@ def ns_output_band(
 
 # %% ../nbs/20_optim.ipynb #7e233cb8
 def default_ns_dtype(device) -> torch.dtype:
-    "bf16 where `device` multiplies bf16 natively (Neuron, CUDA with bf16, a CPU whose probe says so), else fp32."
-    return torch.bfloat16 if bf16_native(device)[0] else torch.float32
+    """`Precision.ns_dtype` on `device`: bf16 where it multiplies bf16 natively (Neuron, CUDA with bf16, a CPU whose
+    probe says so), else fp32."""
+    return TORCH_DTYPES[choose_precision("auto", device).ns_dtype]
 
 def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dtype: torch.dtype | None = None,
                                 eps: float = 1e-7) -> Tensor:

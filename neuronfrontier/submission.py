@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, os, sys
 from pathlib import Path
-from .clock import process_start_ns
+from .clock import process_start_ns, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import env_world
 from .train import RunSpec, train
 from .config import first_line
@@ -14,10 +14,10 @@ from .data import token_bytes_of
 from .checkpoint import load_for_eval
 
 # %% auto #0
-__all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'STARTUP_CAP_S', 'STARTUP_STEPS_EXCLUDED',
-           'BUDGET_MARGIN_S', 'KIT_MODULE', 'KIT_REQUIRED', 'ALLOWED_NPROC', 'ALLOWED_LNC', 'ALLOWED_PACKAGES',
-           'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS', 'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'load_kit',
-           'kit_tokenizer', 'kit_rows', 'kit_data_fails', 'kit_scorer', 'submission_main']
+__all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'BUDGET_MARGIN_S', 'KIT_MODULE', 'KIT_REQUIRED',
+           'ALLOWED_NPROC', 'ALLOWED_LNC', 'ALLOWED_PACKAGES', 'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS',
+           'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'load_kit', 'kit_tokenizer', 'kit_rows', 'kit_data_fails',
+           'kit_scorer', 'submission_main']
 
 # %% ../nbs/95_submission.ipynb #b3bbb388
 KIT_DATA_DIR = "~/.cache/autoresearch/data"            # the kit's parquet shards (autoresearch `prepare.py`)
@@ -25,8 +25,6 @@ KIT_TOKENIZER_DIR = (
     "~/.cache/autoresearch/tokenizer"  # its tokenizer.pkl (a pickled tiktoken Encoding) + token_bytes.pt
 )
 COMPETITION_BUDGET_S = 1800.0      # the kit's TRAIN_TIME_BUDGET_SECONDS
-STARTUP_CAP_S = 900.0              # its TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS
-STARTUP_STEPS_EXCLUDED = 5         # its TRAIN_STARTUP_STEPS_EXCLUDED
 BUDGET_MARGIN_S = 5.0              # training ends this long before the budget (public submissions: 5-8 s)
 KIT_MODULE = "prepare"             # the organisers' prepare.py, beside train.py on their machine
 KIT_REQUIRED = ("TRAIN_TIME_BUDGET_SECONDS", "TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS", "TRAIN_STARTUP_STEPS_EXCLUDED",

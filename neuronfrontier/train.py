@@ -17,7 +17,7 @@ from .model import GPT
 from .optim import build_optimizers, lr_multiplier, apply_schedule, local_shard
 from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
-from .clock import hw_name, synchronize, Watchdog, Clock
+from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import init_distributed, rank_rows, agree_max, DataParallel, parallelize
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
@@ -25,9 +25,9 @@ from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'STARTUP_CAP_S', 'reuse_freed_memory', 'autocast', 'train_step',
-           'Prefetcher', 'rank_loader', 'RunSpec', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish',
-           'run_preflight', 'train']
+__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'autocast', 'train_step', 'Prefetcher',
+           'rank_loader', 'RunSpec', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish', 'run_preflight',
+           'train']
 
 # %% ../nbs/30_train.ipynb #112a71b3
 def reuse_freed_memory() -> bool:
@@ -234,7 +234,7 @@ class RunSpec:
                                                  # wall with charge_warmup, else charged (26_clock)
     startup_allowance_s: float | None = None     # wall and competition: start-up seconds that are not charged;
                                                  # None: the kit's cap (900 s) in competition mode, else 0
-    excluded_steps: int = 5                      # competition: steps before the charged clock starts (the kit's 5)
+    excluded_steps: int = STARTUP_STEPS_EXCLUDED  # competition: steps before the charged clock starts (the kit's 5)
     on_step: Callable[[int], None] | None = None  # called on every rank after each optimizer step with its 0-based
                                                  # index (a submission: the kit's record_step_boundary)
     ckpt_every_s: float | None = None            # also write the checkpoints every so many seconds
@@ -698,9 +698,8 @@ def _scored(run: Run, res: dict) -> dict:
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
 
-#| export
+# %% ../nbs/30_train.ipynb #bc214def
 COMPILE_MARGIN_S = 60.0   # competition mode: compilation ends this long before the free start-up does (as FF's 60 s)
-STARTUP_CAP_S = 900.0     # the kit's TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS (nbs/32_kit_prepare)
 
 def _allowance_s(spec: RunSpec, mode: str) -> float:
     "The start-up seconds not charged: as asked, else the kit's cap in competition mode and none otherwise."
@@ -715,7 +714,7 @@ def _compile_limit_s(spec: RunSpec, tcfg: TrainConfig, mode: str, t0_ns: int) ->
         return max(0.0, _allowance_s(spec, mode) - (time.perf_counter_ns() - t0_ns) / 1e9 - COMPILE_MARGIN_S)
     return tcfg.compile_frac * spec.budget_s
 
-#| export
+# %% ../nbs/30_train.ipynb #53839036
 def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw) -> dict:
     """Train as `spec` asks — a `RunSpec`, or a `RunSpec`'s arguments: `train("cpu-micro", data, out, steps=20)` — and
     return result.json's dict. `callback(rec)` is called with every logged metrics record; returning True stops the run
