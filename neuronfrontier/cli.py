@@ -191,21 +191,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the preset's per-rank batch even if its traced step does not fit one rank's HBM")
     p = sub.add_parser("rehearse", help="run a submission's own train.py and kernels as trn2 would, on this CPU: "
                                         "every kernel call at production shape in the simulator, memory per rank; "
-                                        "writes rehearsal.json")
+                                        "writes rehearsal.json; then its launch line beside a stand-in prepare.py")
     p.add_argument("dir", help="the submission directory (train.py, nf_kernels/, launch.txt)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: the launch line's)")
     p.add_argument("--lnc", type=int, default=None, help="NEURON_LOGICAL_NC_CONFIG (default: the launch line's)")
     p.add_argument("--hbm-gib", type=float, default=None,
                    help="HBM per rank in GiB (default: one logical core's, 12 or 24)")
     p.add_argument("--out", default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)")
+    p.add_argument("--no-kit-run", action="store_true",
+                   help="skip running the launch line beside the stand-in prepare.py on this CPU (the kit run)")
     p = sub.add_parser(
-        "check", help="check a submission against the competition's contract (exit 0 only if every row passes)"
+        "check", help="check a submission against the competition's contract (exit 0 only if every row that applies "
+                      "passes)"
     )
     p.add_argument("dir", help="the submission directory (train.py, launch.txt)")
     p.add_argument(
         "--checkpoint",
         default=None,
-        help="the checkpoint to probe (default: DIR/out/final.pt, else one from a 1-step run)",
+        help="the checkpoint to probe (default: the kit run's out/final.pt, else DIR/out/final.pt, else (an export) "
+             "one from a 1-step run)",
     )
     p.add_argument("--data", default=None, help="validation data (default: the path baked into train.py)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the path baked into train.py)")
@@ -216,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="causality and batch independence: max |Δlogit| <= TOL · max(1, max |logit|) (default 1e-4)",
     )
+    p.add_argument("--no-kit-run", action="store_true",
+                   help="skip the kit run (the launch line beside the stand-in prepare.py, on this CPU)")
     p = sub.add_parser("dashboard", help="web page over the runs: live runs, kernels (SBUF/PSUM), sweeps, judge tour")
     p.add_argument("--runs", default="runs", help="directory of run directories (default runs)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)")
@@ -528,7 +534,8 @@ def _export(a) -> int:
 
 def _rehearse(a) -> int:
     from neuronfrontier.submission import ALLOWED_LNC
-    from neuronfrontier.contract import check_launch, launch_shape
+    import tempfile
+    from neuronfrontier.contract import check_launch, launch_shape, kit_run, kit_paths, NA
     from neuronfrontier.rehearsal import rehearse
     d = Path(a.dir)
     if not (d / "train.py").is_file():
@@ -555,13 +562,20 @@ def _rehearse(a) -> int:
     for line in rep["failures"]: print(f"FAIL {line}")
     print(f"rehearsal {'passed' if rep['passed'] else 'FAILED'}: {rep['summary']}")
     print(f"wrote {a.out or d / 'rehearsal.json'}")
-    return 0 if rep["passed"] else 1
+    ran = True   # the launch line beside the stand-in prepare.py, on this CPU
+    launch = d / "launch.txt"
+    if not a.no_kit_run and launch.exists() and check_launch(launch.read_text())[0]:
+        with tempfile.TemporaryDirectory() as work:
+            ran, why, _ = kit_run(d, *kit_paths(d), work)
+        print(f"kit run {'passed' if ran is True else 'n/a' if ran == NA else 'FAILED'}: {why.removeprefix('n/a: ')}")
+    return 0 if rep["passed"] and ran is not False else 1
 
 def _check(a) -> int:
-    from neuronfrontier.contract import check, check_table, CHECK_TOL
-    rows = check(a.dir, a.checkpoint, a.data, a.tokenizer, a.device, CHECK_TOL if a.tol is None else a.tol)
+    from neuronfrontier.contract import check, check_table, check_passed, CHECK_TOL
+    rows = check(a.dir, a.checkpoint, a.data, a.tokenizer, a.device, CHECK_TOL if a.tol is None else a.tol,
+                 kit=not a.no_kit_run)
     print(check_table(rows))
-    return 0 if all(ok for _, ok, _ in rows) else 1
+    return 0 if check_passed(rows) else 1
 
 def _info(a) -> int:
     from neuronfrontier.config import CONFIGS, resolve, recipe_names, setting_sources

@@ -145,6 +145,7 @@ def evaluate_bpb(model, tokenizer, B: int, T: int, device, split: str = "public_
     weighted by token_bytes (0 for specials); ranks share the rows and add their sums."""
     t0 = time.time()
     _, rank, _, world = get_dist_info()
+    max_tokens = min(max_tokens, int(os.environ.get("STANDIN_EVAL_MAX_TOKENS", max_tokens)))   # a stand-in's knob
     x, y = stream_rows(tokenizer, T, max_tokens // T, split, rank, world)
     tb = get_token_bytes("cpu").to(torch.float64)
     nats = nbytes = 0.0

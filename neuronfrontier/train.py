@@ -474,7 +474,8 @@ def loop(
     prog = _Progress(run.spec.budget_s if steps is None else None, run.verbose, bar)
     mf = open(run.out / "metrics.jsonl", "a" if run.spec.resume else "w") if run.lead else None
     stop, restore = _stop_signals()
-    log_t0, log_tok0, last_ckpt = clock.charged_ns, state["tokens"], time.perf_counter_ns()
+    state.setdefault("free_ns", 0)   # competition mode: the excluded steps' own time (the charged clock stood still)
+    log_t0, log_tok0, last_ckpt = clock.charged_ns + state["free_ns"], state["tokens"], time.perf_counter_ns()
     queued, synced_ns = 0, clock.charged_ns   # steps since the device was last waited for, and the charged time then
     try:
         while True:
@@ -525,6 +526,7 @@ def loop(
             took_ns = clock.step_done(ts, sync=check or near_end)
             if run.spec.on_step is not None: run.spec.on_step(state["step"])   # the runner's step boundary
             if free:   # the charged clock did not move: what the step took is its own duration
+                state["free_ns"] += took_ns
                 state["last_step_ns"] = took_ns
                 watchdog.record(took_ns)
                 queued, synced_ns = 0, clock.charged_ns
@@ -549,7 +551,8 @@ def loop(
             if tcfg.snapshot_every and state["step"] - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss: copy
                 if not agree_max([not _all_finite(run.model)], world, run.ctrl)[0]:   # (and its weights finite too)
                     run.snapshot.take(run.model, run.opts, state["step"])
-            tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns - log_t0) / 1e9, 1e-9)
+            # tokens over the steps' time: charged, and the excluded steps' own (they charge nothing)
+            tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns + state["free_ns"] - log_t0) / 1e9, 1e-9)
             rec = {
                 "step": state["step"],
                 "time_s": round(clock.charged_ns / 1e9, 4),
@@ -566,7 +569,7 @@ def loop(
                 mf.flush()
             prog.update(rec, clock.charged_ns / 1e9)
             if callback is not None and callback(rec): stop["set"] = True
-            log_t0, log_tok0 = clock.charged_ns, state["tokens"]
+            log_t0, log_tok0 = clock.charged_ns + state["free_ns"], state["tokens"]
     finally:
         prog.close()
         restore()
@@ -611,7 +614,7 @@ def finish(
         "warmup_s": clock.startup_ns / 1e9,
         "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
         "overrun_s": overrun_ns / 1e9,
-        "tok_s": state["tokens"] / max(clock.charged_ns / 1e9, 1e-9),
+        "tok_s": state["tokens"] / max((clock.charged_ns + state.get("free_ns", 0)) / 1e9, 1e-9),
         "budget_s": run.spec.budget_s if run.spec.steps is None else None,
         "budget_mode": clock.mode,
         "startup_allowance_s": clock.allowance_ns / 1e9,

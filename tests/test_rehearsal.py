@@ -86,6 +86,7 @@ def test_a_step_that_does_not_fit_one_ranks_hbm(micro, tmp_path):
     assert mem and "lower batch_size and raise grad_accum" in mem[0]
     r = cli("rehearse", micro, "--hbm-gib", "0.03125", "--out", tmp_path / "cli.json")
     assert r.returncode == 1 and "rehearsal FAILED" in r.stdout and "OVER" in r.stdout, r.stdout + r.stderr
+    assert "kit run n/a: no data to run it on here" in r.stdout, r.stdout   # exported without data: nothing to run on
     # the plan: with room for the 2-row step it keeps it; with just less, 1 row × 2 accumulation steps (same rows)
     full = plan_batch(micro, nproc=2, lnc=1)
     assert (full["batch_size"], full["grad_accum"]) == (2, 1)

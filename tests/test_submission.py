@@ -99,7 +99,8 @@ def test_check_passes_the_export(sub):
     d, _ = sub
     r = cli("check", d)
     print(r.stdout)
-    assert r.returncode == 0 and "11/11 passed" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "12/12 passed" in r.stdout, r.stdout + r.stderr
+    assert "kit run            pass    " in r.stdout and "the stand-in's 20 s budget:" in r.stdout
     assert "size               pass    largest file" in r.stdout
     rep = json.loads((d / "rehearsal.json").read_text())   # the rehearsal row wrote its findings
     assert rep["passed"] and rep["launch"] == {"nproc": 8, "lnc": 1} and rep["kernel_calls"], rep["summary"]
@@ -152,7 +153,7 @@ def test_check_fails_each_broken_fixture(sub, tmp_path, name):
     shutil.copytree(sub[0], d)
     p = d / fname
     p.write_text(p.read_text() + edit if fname.endswith(".py") else edit)
-    rows = {n: (ok, reason) for n, ok, reason in C.check(d, rehearse_it=False)}   # the rehearsal: tests/test_rehearsal.py
+    rows = {n: (ok, reason) for n, ok, reason in C.check(d, rehearse_it=False, kit=False)}   # the kit run: tests/test_check.py
     failed = [n for n, (ok, _) in rows.items() if not ok]
     print(name, "->", {n: rows[n] for n in failed})
     assert not rows[row][0] and why in rows[row][1], rows[row]
@@ -164,7 +165,7 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
     shutil.copytree(sub[0], d)
     (d / "launch.txt").write_text("torchrun --nproc_per_node=8 train.py\n")
     r = cli("check", d)
-    assert r.returncode == 1 and "launch" in r.stdout and "9/11 passed; fix: launch, rehearsal" in r.stdout, r.stdout
+    assert r.returncode == 1 and "launch" in r.stdout and "9/12 passed; fix: launch, kit run, rehearsal" in r.stdout, r.stdout
     assert "rehearsal          FAIL    not run: an earlier row failed" in r.stdout
     for args, msg in [(("check", tmp_path / "nowhere"), "no such directory"), (("check", tmp_path), "no train.py"),
                       (("export", "--config", "cpu-micro", "--nproc", "2", "--out", tmp_path / "x"), "--nproc 2: a submission launches 1, 4 or 8"),
@@ -195,13 +196,13 @@ def test_probes_that_cannot_see_say_not_probed(sub, tmp_path):
     mcfg, _ = mod.resolve(mod.CONFIG, mod.RECIPE, mod.SETS)
     torch.manual_seed(0)
     ck = mod.save_model(tmp_path / "untrained.pt", mod.GPT(mcfg))
-    rows = {n: (ok, why) for n, ok, why in C.check(d, checkpoint=ck, rehearse_it=False)}
+    rows = {n: (ok, why) for n, ok, why in C.check(d, checkpoint=ck, rehearse_it=False, kit=False)}
     for n in ("causal", "batch independent"):
         assert rows[n][0] is None and rows[n][1].startswith("not probed: the logits at a position do not move"), rows[n]
     assert rows["finite"][0] is True
     table = C.check_table(list((n, ok, why) for n, (ok, why) in rows.items()))
     print(table)
-    assert "causal             n/a " in table and "fix: causal, batch independent" in table
+    assert "causal             blind   not probed" in table and "fix: causal, batch independent" in table
 
 
 @pytest.mark.slow   # export (the memory plan) ~1 min and check ~1 min on a 2-core CPU
@@ -213,4 +214,5 @@ def test_check_passes_a_dense_124m_export(pydocs, tmp_path):
     assert e.returncode == 0, e.stderr[-2000:]
     assert f"train.py ({(d / 'train.py').stat().st_size:,} bytes)" in e.stdout
     r = cli("check", d)
-    assert r.returncode == 0 and "11/11 passed" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "11/11 passed (1 n/a)" in r.stdout, r.stdout + r.stderr
+    assert "kit run            n/a     n/a: a rank's step of dense-124m is " in r.stdout

@@ -312,3 +312,6 @@ def test_competition_clock_excluded_steps_train_and_are_timed(pydocs, tmp_path):
     assert res["budget_mode"] == "competition" and res["steps"] > 5
     assert all(lr > 0 for lr in lrs[:5]) and times[:4] == [0.0] * 4 and times[5] > 0   # steps 1-5 free (step 5 ends
     assert res["train_s"] <= 6.0 and res["overrun_s"] == 0                              # at 0 + excess: none here)
+    # tokens per second over the steps' own time: the free steps' too (over the charged clock alone they were 1e12)
+    toks = [r["tok_s"] for r in recs]
+    assert max(toks[:5]) < 10 * max(toks[5:]) and res["tok_s"] < 10 * max(toks[5:]), (toks[:8], res["tok_s"])
