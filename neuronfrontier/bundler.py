@@ -25,8 +25,8 @@ PKG = "neuronfrontier"
 # are not
 BUNDLED = ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim", "resilience",
            "clock", "distributed", "evaluate", "checkpoint", "train", "submission")
-# what train.py runs, and what the scorer calls
-ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"))
+# what train.py runs, what the scorer calls, and what the rehearsal drives besides (a kernel that fails must raise)
+ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"), ("ops", "set_fallback"))
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
     return {
@@ -35,7 +35,7 @@ def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=Non
         ("submission", "SETS"): (tuple(sets), "baked by neuronfrontier export"),
         ("submission", "DATA_DIR"): (str(data_dir), "default of --data"),
         ("submission", "TOKENIZER_DIR"): (str(tokenizer_dir), "default of --tokenizer"),
-        ("ops", "_KERNEL_MODULES"): (
+        ("ops", "KERNEL_MODULES"): (
             ((kernel_package,), "the NKI kernels shipped beside train.py (trn2 only)")
             if kernel_package
             else ((), "no NKI kernels shipped: every op runs its torch implementation")
@@ -696,15 +696,11 @@ def ops_used(mcfg) -> set[str]:
     import torch
     from neuronfrontier import ops
     from neuronfrontier.model import GPT
-    seen, saved = set(), {op: impls["torch"] for op, impls in ops._IMPLS.items()}
-    def spy(op, fn): return lambda *a, **k: (seen.add(op), fn(*a, **k))[1]
-    try:
-        for op, fn in saved.items(): ops._IMPLS[op]["torch"] = spy(op, fn)
-        with ops.use_backend("torch"), torch.device("cpu"), torch.no_grad():
-            torch.manual_seed(0)
-            GPT(mcfg).loss(torch.zeros(1, 128, dtype=torch.long), torch.zeros(1, 128, dtype=torch.long))
-    finally:
-        for op, fn in saved.items(): ops._IMPLS[op]["torch"] = fn
+    seen = set()
+    with ops.watched(ops.OPS, lambda op, args, kw: seen.add(op)), ops.use_backend("torch"), torch.device("cpu"), \
+            torch.no_grad():
+        torch.manual_seed(0)
+        GPT(mcfg).loss(torch.zeros(1, 128, dtype=torch.long), torch.zeros(1, 128, dtype=torch.long))
     return seen
 
 def kernel_modules(kernels: str, used=None) -> list[str]:
@@ -712,7 +708,7 @@ def kernel_modules(kernels: str, used=None) -> list[str]:
     registering an
     `nki` backend for an op set to `auto` or `nki` (and, given `used`, one the model calls), and the kernel modules they
     import; in the package's order."""
-    from neuronfrontier.ops import parse_backend, _KERNEL_MODULES
+    from neuronfrontier.ops import parse_backend, KERNEL_MODULES
     spec = parse_backend(kernels)
     if sim := sorted(op for op, b in spec.items() if b == "nki-sim"):
         raise ValueError(
@@ -720,7 +716,7 @@ def kernel_modules(kernels: str, used=None) -> list[str]:
             f"which a submission does not ship; use nki or auto (NKI on trn2, PyTorch elsewhere) or torch"
         )
     info = {}
-    for full in _KERNEL_MODULES:
+    for full in KERNEL_MODULES:
         name = full.rsplit(".", 1)[-1]
         if (src := _kernel_source(name)) is not None: info[name] = _kernel_imports(name, src)
     want = {

@@ -41,40 +41,13 @@ def check_launch(text: str) -> tuple[bool, str]:
     return True, line
 
 # %% ../nbs/97_contract.ipynb #e4d65af4
-def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: str):
-    """Run in a fresh interpreter by `check` (its source is sent with `python -c`): load train.py with neuronfrontier
-    blocked, probe the model, print JSON rows."""
-    import importlib.abc, importlib.util, inspect, json, sys
-    import torch, torch.distributed as dist
-    tol, rows = float(tol), []
-    def row(name, ok, why): rows.append([name, None if ok is None else bool(ok), why])   # None: not probed
+def _probe_load(train_py: str, row):
+    "train.py loaded by path as a scorer may load it (neuronfrontier blocked): its `load_for_eval`, else None."
+    import importlib.abc, importlib.util, inspect, sys
     class Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] == "neuronfrontier": raise ImportError("a submission may not import neuronfrontier")
     sys.meta_path.insert(0, Block())
-    calls = []  # collectives called while loading or running the model
-    names = (
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "broadcast",
-        "reduce",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "send",
-        "recv",
-        "isend",
-        "irecv",
-        "gather",
-        "scatter",
-        "init_process_group",
-        "new_group",
-    )
-    for n in names:
-        if hasattr(dist, n): setattr(dist, n, lambda *a, _n=n, **k: calls.append(_n))
     try:
         spec = importlib.util.spec_from_file_location("submission_train", train_py)
         sub = importlib.util.module_from_spec(spec)
@@ -83,59 +56,41 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
         if not callable(f): raise LookupError("train.py defines no function load_for_eval")
         ps = list(inspect.signature(f).parameters.values())
         if [p.name for p in ps[:2]] != ["checkpoint_path", "device"] or any(p.default is p.empty for p in ps[2:]):
-            raise LookupError(
-                f"load_for_eval{inspect.signature(f)}: expected load_for_eval(checkpoint_path, device) (other "
-                f"parameters with defaults)"
-            )
-        row("load_for_eval", True, f"load_for_eval{inspect.signature(f)}")
+            raise LookupError(f"load_for_eval{inspect.signature(f)}: expected load_for_eval(checkpoint_path, device) "
+                              f"(other parameters with defaults)")
     except Exception as e:
         row("load_for_eval", False, f"{type(e).__name__}: {e}")
-        print(json.dumps(rows))
-        return
-    dev = torch.device(device)
-    try:
-        model = f(checkpoint, dev)
+        return None
+    row("load_for_eval", True, f"load_for_eval{inspect.signature(f)}")
+    return f
+
+def _probe_model(f, checkpoint: str, dev, row):
+    "The model `f` (load_for_eval) returns, after the rows on it: eval mode on `dev`, no hooks; None if it has none."
+    import torch
+    from torch.nn.modules import module as M
+    try: model = f(checkpoint, dev)
     except Exception as e:
         row("eval model", False, f"load_for_eval({checkpoint!r}, {dev}) raised {type(e).__name__}: {e}")
-        print(json.dumps(rows))
-        return
+        return None
     if not isinstance(model, torch.nn.Module):
         row("eval model", False, f"load_for_eval returned a {type(model).__name__}, not an nn.Module")
-        print(json.dumps(rows))
-        return
+        return None
     training = [n or "(root)" for n, m in model.named_modules() if m.training]
     away = sorted({str(t.device) for t in [*model.parameters(), *model.buffers()] if t.device.type != dev.type})
-    row(
-        "eval model",
-        not training and not away,
-        f"{type(model).__name__} in eval mode on {dev}"
-        if not training and not away
-        else (
-            f"modules in training mode: {', '.join(training[:3])}"
-            if training
-            else f"tensors on {', '.join(away)}, not {dev}"
-        ),
-    )
-    from torch.nn.modules import module as M
-
-    hooks = [
-        f"{n or '(root)'}.{h}"
-        for n, m in model.named_modules()
-        for h in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-        if getattr(m, h, None)
-    ]
-    hooks += [
-        h
-        for h in (
-            "_global_forward_hooks",
-            "_global_forward_pre_hooks",
-            "_global_backward_hooks",
-            "_global_backward_pre_hooks",
-        )
-        if getattr(M, h, None)
-    ]
+    row("eval model", not training and not away,
+        f"modules in training mode: {', '.join(training[:3])}" if training else
+        f"tensors on {', '.join(away)}, not {dev}" if away else f"{type(model).__name__} in eval mode on {dev}")
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    hooks = [f"{n or '(root)'}.{h}" for n, m in model.named_modules() for h in kinds if getattr(m, h, None)]
+    hooks += [h for h in (f"_global{k}" for k in kinds) if getattr(M, h, None)]
     hooks += [f"parameter {n}" for n, p in model.named_parameters() if getattr(p, "_backward_hooks", None)]
     row("no hooks", not hooks, "none" if not hooks else f"hooks on {', '.join(hooks[:3])}")
+    return model
+
+def _probe_logits(model, batch_file: str, dev, tol: float, row) -> bool:
+    """The rows on the logits of a validation batch: finite, causal, batch independent (each first shows it can see
+    what it tests). False when the model could not be run on the batch."""
+    import torch
     b = torch.load(batch_file)
     x, y, tb = b["x"].to(dev), b["y"].to(dev), b["token_bytes"].to(dev)
     V, (B, T) = len(tb), x.shape
@@ -147,32 +102,22 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
         if (torch.isfinite(a) != torch.isfinite(b)).any() or (a.isnan() != b.isnan()).any(): return float("inf")
         fin = torch.isfinite(a)
         return float((a[fin] - b[fin]).abs().max()) if fin.any() else 0.0
-    try:
-        z = run(x)
+    try: z = run(x)
     except Exception as e:
         row("finite", False, f"model(tokens [{B}, {T}]) raised {type(e).__name__}: {e}")
-        print(json.dumps(rows))
-        return
+        return False
     if z.ndim != 3 or tuple(z.shape[:2]) != (B, T) or z.shape[2] < V:
         row("finite", False, f"logits of shape {tuple(z.shape)}; expected [{B}, {T}, >= {V}]")
-        print(json.dumps(rows))
-        return
+        return False
     nll = torch.nn.functional.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="none")
     counted = tb[y.reshape(-1)] > 0
     bad = [w for w, n in (("NaN", int(z.isnan().sum())), ("+inf", int((z == float("inf")).sum())),
                            ("-inf within the vocabulary", int((z[..., :V] == float("-inf")).sum())),
                            ("non-finite loss", int((~torch.isfinite(nll[counted])).sum()))) if n]
-    row(
-        "finite",
-        not bad,
-        f"logits [{B}, {T}, {z.shape[2]}] on a validation batch: no NaN/inf"
-        if not bad
-        else f"{', '.join(bad)} on a validation batch",
-    )
+    row("finite", not bad, f"{', '.join(bad)} on a validation batch" if bad else
+        f"logits [{B}, {T}, {z.shape[2]}] on a validation batch: no NaN/inf")
     fin = torch.isfinite(z)
-    tol = tol * max(
-        1.0, float(z[fin].abs().max()) if fin.any() else 1.0
-    )  # relative to the logits' scale, at least absolute
+    tol = tol * max(1.0, float(z[fin].abs().max()) if fin.any() else 1.0)  # relative to the logits, at least 1
     # a probe must first show it can see what it tests: the logits at t move when tokens before t change. An untrained
     # model whose blocks start as the identity (zero output projections) ignores its context: nothing could leak
     seen = 0.0
@@ -180,32 +125,44 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
         x1 = x.clone()
         x1[:, :t] = rand(B, t)
         seen = max(seen, diff(z[:, t], run(x1)[:, t]))
-    blind = (f"not probed: the logits at a position do not move when the tokens before it change "
-             f"(max |Δlogit| {seen:.2e} "
-             f"<= {tol:.1e}), so a leak could not show; probe a trained checkpoint (--checkpoint)"
+    blind = (f"not probed: the logits at a position do not move when the tokens before it change (max |Δlogit| "
+             f"{seen:.2e} <= {tol:.1e}), so a leak could not show; probe a trained checkpoint (--checkpoint)"
              ) if seen <= tol else ""
     worst = 0.0
     for t in (T // 4, T // 2, T - 2):  # change every token after position t: logits at positions <= t must not move
         x2 = x.clone()
-        x2[:, t + 1 :] = rand(B, T - t - 1)
+        x2[:, t + 1:] = rand(B, T - t - 1)
         worst = max(worst, diff(z[:, :t + 1], run(x2)[:, :t + 1]))
-    row("causal", None if blind else worst <= tol,
-        blind or f"max |Δlogit| at positions <= t when tokens after t change: "
-        f"{worst:.2e} (tolerance {tol:.1e}; earlier tokens move them by {seen:.2e})")
+    row("causal", None if blind else worst <= tol, blind or f"max |Δlogit| at positions <= t when tokens after t "
+        f"change: {worst:.2e} (tolerance {tol:.1e}; earlier tokens move them by {seen:.2e})")
     worst = 0.0
     for i in range(B):  # the same row alone, and among different rows
         worst = max(worst, diff(z[i:i + 1], run(x[i:i + 1])))
         x3 = rand(B + 1, T)
         x3[B - i] = x[i]
         worst = max(worst, diff(z[i], run(x3)[B - i]))
-    row("batch independent", None if blind else worst <= tol,
-        blind or f"max |Δlogit| of a row alone or among other rows vs "
-        f"in its batch: {worst:.2e} (tolerance {tol:.1e}; the row's own earlier tokens move them by {seen:.2e})")
-    row(
-        "no collectives",
-        not calls,
-        "none while loading and scoring" if not calls else f"called {', '.join(sorted(set(calls)))}",
-    )
+    row("batch independent", None if blind else worst <= tol, blind or f"max |Δlogit| of a row alone or among other "
+        f"rows vs in its batch: {worst:.2e} (tolerance {tol:.1e}; the row's own earlier tokens move them by "
+        f"{seen:.2e})")
+    return True
+
+def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: str):
+    """Run in a fresh interpreter by `check` (the source of the `_probe*` functions is sent with `python -c`): load
+    train.py with neuronfrontier blocked, probe the model, print the rows as JSON."""
+    import json
+    import torch, torch.distributed as dist
+    rows, calls = [], []   # calls: the collectives called while loading or running the model
+    def row(name, ok, why): rows.append([name, None if ok is None else bool(ok), why])   # None: not probed
+    for n in ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+              "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier", "send", "recv", "isend", "irecv",
+              "gather", "scatter", "init_process_group", "new_group"):
+        if hasattr(dist, n): setattr(dist, n, lambda *a, _n=n, **k: calls.append(_n))
+    dev = torch.device(device)
+    f = _probe_load(train_py, row)
+    model = None if f is None else _probe_model(f, checkpoint, dev, row)
+    if model is not None and _probe_logits(model, batch_file, dev, float(tol), row):
+        row("no collectives", not calls,
+            "none while loading and scoring" if not calls else f"called {', '.join(sorted(set(calls)))}")
     print(json.dumps(rows))
 
 # %% ../nbs/97_contract.ipynb #a2d92f78
@@ -257,7 +214,7 @@ def is_export(src: str) -> tuple[bool, str]:
     return False, "not an export of this package (no `neuronfrontier export` docstring, no baked CONFIG/RECIPE/SETS)"
 
 # %% ../nbs/97_contract.ipynb #cffafccc
-KIT_RUN_BUDGET_S = 20.0         # the stand-in's TRAIN_TIME_BUDGET_SECONDS in the kit run (an export keeps 5 s of it)
+KIT_RUN_BUDGET_S = 12.0         # the stand-in's TRAIN_TIME_BUDGET_SECONDS in the kit run (an export keeps 5 s of it)
 KIT_RUN_EVAL_TOKENS = 16_384    # the most tokens the stand-in's evaluate_bpb scores in the kit run
 KIT_RUN_TIMEOUT_S = 600         # start-up, the 5 steps the clock excludes, the budget and the evaluation, on this CPU
 KIT_RUN_MAX_STEP_FLOPS = 1e12   # an export whose rank step needs more (estimate) is too slow to run on this CPU
@@ -416,7 +373,8 @@ def kit_paths(sub_dir, data=None, tokenizer=None) -> tuple[Path, Path]:
 def _probe_rows(site: Path, ck: Path, batch: Path, device: str, tol: float, env: dict) -> list:
     """The model rows: `_probe` in a fresh interpreter (neuronfrontier blocked) on `load_for_eval(ck)`, run in `site`
     (a copy of the submission with the stand-in prepare.py beside it, as the scorer finds train.py)."""
-    code = f"import sys\n{inspect.getsource(_probe)}\n_probe(*sys.argv[1:])"
+    parts = "\n".join(inspect.getsource(f) for f in (_probe_load, _probe_model, _probe_logits, _probe))
+    code = f"import sys\n{parts}\n_probe(*sys.argv[1:])"
     args = [str(site / "train.py"), str(ck.resolve()), str(batch), device, str(tol)]
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=site, capture_output=True, text=True, timeout=1800,
                        env=env | {"PYTHONPATH": str(site)})

@@ -5,21 +5,24 @@
 # %% ../nbs/03_ops.ipynb #f6700fe9
 from __future__ import annotations
 import contextlib, functools, importlib, warnings
+from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend', 'backend_for',
-           'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu', 'relu2', 'attention', 'cross_entropy',
-           'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch', 'window_mask']
+__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend',
+           'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu', 'relu2',
+           'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch',
+           'window_mask', 'implementations', 'replaced', 'watched', 'backend_asked', 'fallbacks', 'set_fallback',
+           'set_kernel_importer', 'isolated']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
-_KERNEL_MODULES = tuple(
+KERNEL_MODULES = tuple(
     f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe")
 )
 # fallback: an `nki` kernel that raises sends its op to PyTorch (off in the rehearsal, which must see the failure)
@@ -74,12 +77,12 @@ def use_backend(spec: str):
     finally: _state["spec"] = prev
 
 # %% ../nbs/03_ops.ipynb #1448db6c
-def _load_kernels():
+def load_kernels():
     """Import the kernel modules once; whatever goes wrong in one (not there, an exception at import or while it
     registers) leaves the table as it was before it, with a warning: those ops run PyTorch."""
     if _state["kernels_loaded"]: return
     _state["kernels_loaded"] = True
-    for mod in _KERNEL_MODULES:
+    for mod in KERNEL_MODULES:
         before = {op: dict(impls) for op, impls in _IMPLS.items()}
         try:
             m = _state["importer"](mod)
@@ -97,7 +100,7 @@ def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) 
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
     want = _state["spec"][op]
     dev = torch.device(device).type
-    if want != "torch": _load_kernels()
+    if want != "torch": load_kernels()
     if want == "auto": want = "nki" if dev == "neuron" and "nki" in _IMPLS[op] else "torch"
     if want not in _IMPLS[op]:
         if warn: _warn_once((op, want), f"ops.{op}: no {want!r} implementation available; falling back to 'torch'")
@@ -225,3 +228,60 @@ def window_mask(T: int, window: int, device=None) -> torch.Tensor:
     i = torch.arange(T, device=device)[:, None]
     j = torch.arange(T, device=device)[None, :]
     return (j <= i) & (i - j <= window)
+
+# %% ../nbs/03_ops.ipynb #42146675
+def implementations(op: str) -> dict[str, callable]:
+    "The implementations registered for `op`, backend → function (a copy: change the table with `register`)."
+    return dict(_IMPLS[op])
+
+@contextlib.contextmanager
+def replaced(impls: dict[str, callable], backend: str = "torch"):
+    "Context manager: inside the block `impls[op]` serves `op` on `backend` (None: `op` has no such backend)."
+    saved = {op: dict(_IMPLS[op]) for op in impls}
+    for op, fn in impls.items():
+        if fn is None: _IMPLS[op].pop(backend, None)
+        else: _IMPLS[op][backend] = fn
+    try: yield
+    finally:
+        for op, table in saved.items():
+            _IMPLS[op].clear()
+            _IMPLS[op].update(table)
+
+@contextlib.contextmanager
+def watched(ops: Iterable[str], record):
+    "Context manager: each call of the `torch` implementation of `ops` goes to `record(op, args, kwargs)` first."
+    def watch(op, fn):
+        def call(*args, **kw):
+            record(op, args, kw)
+            return fn(*args, **kw)
+        return call
+    with replaced({op: watch(op, _IMPLS[op]["torch"]) for op in ops}): yield
+
+def backend_asked() -> dict[str, str]:
+    "The backend asked for each op (`set_backend`), before `auto` and fallbacks resolve it (`backend_table`)."
+    return dict(_state["spec"])
+
+def fallbacks() -> dict[str, str]:
+    "The kernels given up at run time: op (or kernel module) → why."
+    return dict(_state["fell_back"])
+
+def set_fallback(on: bool) -> bool:
+    "Whether an `nki` kernel that raises sends its op to PyTorch (True, the default) or raises; returns the old value."
+    prev, _state["fallback"] = _state["fallback"], bool(on)
+    return prev
+
+def set_kernel_importer(importer) -> callable:
+    "How `load_kernels` imports a kernel module (`importlib.import_module`); returns the old importer."
+    prev, _state["importer"] = _state["importer"], importer
+    return prev
+
+@contextlib.contextmanager
+def isolated():
+    "Context manager: the block's changes to the dispatch (backends, implementations, fallbacks) are undone after."
+    impls, state = {op: dict(t) for op, t in _IMPLS.items()}, {**_state, "fell_back": dict(_state["fell_back"])}
+    try: yield
+    finally:
+        for op, table in impls.items():
+            _IMPLS[op].clear()
+            _IMPLS[op].update(table)
+        _state.update(state)

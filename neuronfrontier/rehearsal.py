@@ -50,8 +50,10 @@ def package_namespace():
     from neuronfrontier import config, model, optim, distributed, train, evaluate, ops, precision
     return types.SimpleNamespace(GPT=model.GPT, build_optimizers=optim.build_optimizers, train_step=train.train_step,
                                  autocast=train.autocast, evaluate_sums=evaluate.evaluate_sums, resolve=config.resolve,
-                                 parse_backend=ops.parse_backend, set_backend=ops.set_backend, _IMPLS=ops._IMPLS,
-                                 backend_table=ops.backend_table, use_backend=ops.use_backend,
+                                 parse_backend=ops.parse_backend, set_backend=ops.set_backend, OPS=ops.OPS,
+                                 implementations=ops.implementations, register=ops.register,
+                                 set_fallback=ops.set_fallback, backend_table=ops.backend_table,
+                                 use_backend=ops.use_backend,
                                  DataParallel=distributed.DataParallel, choose_precision=precision.choose_precision)
 
 def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None) -> dict:
@@ -125,8 +127,8 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
 
 # %% ../nbs/93_rehearsal.ipynb #d79456db
 _NAMES = ("GPT", "build_optimizers", "train_step", "autocast", "evaluate_sums", "resolve", "parse_backend",
-          "set_backend", "use_backend", "_IMPLS", "_state", "backend_table", "DataParallel", "choose_precision",
-          "CONFIG", "RECIPE", "SETS")
+          "set_backend", "use_backend", "OPS", "implementations", "register", "set_fallback", "backend_table",
+          "DataParallel", "choose_precision", "CONFIG", "RECIPE", "SETS")
 
 def _import_submission(standin):
     "Import ./train.py with the simulator for `nki`, the stand-in for `torch_neuronx`, and `neuronfrontier` refused."
@@ -146,17 +148,18 @@ def _import_submission(standin):
 
 def _serve(train, standin):
     "Wrap each op's `nki` implementation so its kernel launches know which op they serve."
-    for op, impls in train._IMPLS.items():
-        if "nki" in impls and not getattr(impls["nki"], "_served", False):
-            def run(*a, _f=impls["nki"], _op=op, **k):
+    for op in train.OPS:
+        kernel = train.implementations(op).get("nki")
+        if kernel is not None and not getattr(kernel, "_served", False):
+            def run(*a, _f=kernel, _op=op, **k):
                 with standin.serving(_op): return _f(*a, **k)
             run._served = True
-            impls["nki"] = run
+            train.register(op, "nki")(run)
 
 def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple[dict, dict, list]:
     "Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures)."
     failures = []
-    train._state["fallback"] = False   # a failing kernel must raise here, not fall back quietly as it does on the chip
+    train.set_fallback(False)   # a failing kernel must raise here, not fall back quietly as it does on the chip
     while True:
         train.set_backend(trn2_backends(train.parse_backend, tcfg.kernels, torch_ops))
         backends = train.backend_table("cpu")
@@ -241,7 +244,7 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
         sets = [*train.SETS, f"batch_size={b}", f"grad_accum={rows // b}"]
         m, t = _on_chip(train, sets, nproc)
         peak = {}
-        for path, torch_ops in (("torch", set(train._IMPLS)), ("kernels", set())):
+        for path, torch_ops in (("torch", set(train.OPS)), ("kernels", set())):
             mem = _trace_step(train, standin, m, t, nproc, torch_ops, log)[0]
             peak[path] = mem["train step"]["total"]   # the evaluation's shapes do not depend on the micro-batch
             if peak[path] > limit: break   # the other path need not be traced

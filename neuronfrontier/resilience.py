@@ -81,13 +81,13 @@ def _raising_import(name: str):
 def install_kernel_faults(faults: Faults) -> list[str]:
     "Put the fault stand-ins of `faults` into the ops table and set their ops to `nki`; returns the ops so faulted."
     done = []
-    if faults.kernel_import: ops._state["importer"] = _raising_import
-    ops._load_kernels()
+    if faults.kernel_import: ops.set_kernel_importer(_raising_import)
+    ops.load_kernels()
     for kind, names in (("error", faults.kernel_error), ("mismatch", faults.kernel_mismatch),
                         ("variant", faults.kernel_variant)):
         for op in names:
-            impls = ops._IMPLS[op]
-            impls["nki"] = faulty_impl(op, impls.get("nki") or impls["torch"], kind)
+            impls = ops.implementations(op)
+            ops.register(op, "nki")(faulty_impl(op, impls.get("nki") or impls["torch"], kind))
             done.append(op)
     ops.pin_backends({op: "nki" for op in done})
     return done
@@ -98,20 +98,13 @@ SLOWER_SLACK = 1.05   # "not slower": at most 5% slower than PyTorch, the noise 
 
 def capture_op_calls(model, x, y, ops_wanted, autocast_ctx) -> dict:
     "Arguments (detached copies) of the first call of each op in `ops_wanted` in one forward of `model.loss(x, y)`."
-    seen, saved = {}, {op: ops._IMPLS[op]["torch"] for op in ops_wanted}
-    def spy(op, fn):
-        def f(*a, **k):
-            if op not in seen:
-                copy_ = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t
-                seen[op] = ([copy_(t) for t in a], {n: copy_(v) for n, v in k.items()})
-            return fn(*a, **k)
-        return f
+    seen = {}
+    def record(op, args, kw):
+        if op not in seen:
+            copy_ = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t
+            seen[op] = ([copy_(t) for t in args], {n: copy_(v) for n, v in kw.items()})
     spec = ",".join(f"{op}=torch" for op in ops_wanted)
-    try:
-        for op, fn in saved.items(): ops._IMPLS[op]["torch"] = spy(op, fn)
-        with ops.use_backend(spec), torch.no_grad(), autocast_ctx: model.loss(x, y)
-    finally:
-        for op, fn in saved.items(): ops._IMPLS[op]["torch"] = fn
+    with ops.watched(ops_wanted, record), ops.use_backend(spec), torch.no_grad(), autocast_ctx: model.loss(x, y)
     return seen
 
 def _rel(a, b) -> float:
@@ -132,7 +125,7 @@ def _fwd_bwd(impl, args, kwargs, seed, autocast_ctx):
 def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, seed: int = 0) -> dict:
     """Run `impl` (OP's implementation on trial) and OP's PyTorch implementation forward and backward on the captured
     arguments: {'ok', 'reason', 'errors', 'impl_s', 'torch_s'}. `sync()` waits for the device."""
-    ref_impl = ops._IMPLS[op]["torch"]
+    ref_impl = ops.implementations(op)["torch"]
     dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), torch.float32)
     if torch.is_autocast_enabled(args[0].device.type): dtype = torch.get_autocast_dtype(args[0].device.type)
     module = sys.modules.get(getattr(impl, "__module__", ""), None)
@@ -185,7 +178,7 @@ def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda:
         if time.perf_counter() - t0 > deadline_s:
             out[op] = {"backend": "torch", "reason": f"not checked: the preflight's {deadline_s:.0f} s were spent"}
             continue
-        r = check_op(op, ops._IMPLS[op]["nki"], *calls[op], autocast_ctx, sync)
+        r = check_op(op, ops.implementations(op)["nki"], *calls[op], autocast_ctx, sync)
         out[op] = {"backend": "nki" if r["ok"] else "torch", "reason": r["reason"], "errors": r["errors"],
                    **{f"{k}_ms": None if r[f"{k}_s"] is None else round(r[f"{k}_s"] * 1e3, 3)
                       for k in ("impl", "torch")}}

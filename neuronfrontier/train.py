@@ -171,7 +171,7 @@ def _compiled(fn, dev: torch.device):
     """`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an
     error, not a slow path)."""
     if dev.type == "cpu": _inductor_cache_per_capability()
-    ops._load_kernels()   # imported here, not inside the traced step: an import in the graph breaks it
+    ops.load_kernels()   # imported here, not inside the traced step: an import in the graph breaks it
     return torch.compile(
         fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {})
     )
@@ -437,6 +437,7 @@ def save_checkpoints(run: Run, model_only: bool = False):
 
 SYNC_AHEAD = 3   # within this many predicted steps of the end (plus those still queued) every step waits for the device
 
+# %% ../nbs/30_train.ipynb #5043db8e
 def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_warmup: bool) -> str:
     "Why the last logged step calls for a rollback ('' when it does not)."
     tcfg, uniform = run.tcfg, math.log(run.enc.n_vocab)
@@ -460,38 +461,102 @@ def _roll_back(run: Run, problem: str) -> bool:
             f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
     return True
 
+class _Guard:
+    "Strikes at the uniform loss, the best loss, rollbacks and snapshots: what a logged step's loss decides."
+    def __init__(self, run: Run):
+        self.run, self.strikes, self.best = run, 0, math.inf
+        self.uniform = math.log(run.enc.n_vocab)
+
+    def check(self, loss: float, bad: bool, frac: float) -> tuple[str, str]:
+        "('go', ''), ('rolled back', why) or ('diverged', why) after a logged step at schedule fraction `frac`."
+        run, tcfg = self.run, self.run.tcfg
+        after_warmup = frac >= tcfg.warmup_frac
+        self.strikes = self.strikes + 1 if after_warmup and loss >= self.uniform - 0.01 else 0
+        if problem := _problem(run, loss, bad, self.best, self.strikes, after_warmup):
+            if _roll_back(run, problem):
+                self.strikes = 0
+                return "rolled back", problem
+            return "diverged", problem + (f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else "")
+        self.best = min(self.best, loss)
+        if tcfg.snapshot_every and run.state["step"] - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss
+            if not agree_max([not _all_finite(run.model)], run.world, run.ctrl)[0]:   # and finite weights: copy
+                run.snapshot.take(run.model, run.opts, run.state["step"])
+        return "go", ""
+
+# %% ../nbs/30_train.ipynb #b56cf33b
+class _Metrics:
+    "metrics.jsonl and the progress line: one record per logged step."
+    def __init__(self, run: Run, clock: Clock, bar=None):
+        self.run, self.clock = run, clock
+        self.prog = _Progress(run.spec.budget_s if run.spec.steps is None else None, run.verbose, bar)
+        self.file = open(run.out / "metrics.jsonl", "a" if run.spec.resume else "w") if run.lead else None
+        run.state.setdefault("free_ns", 0)   # competition mode: the excluded steps' own time
+        self.t0, self.tok0 = self._steps_ns(), run.state["tokens"]
+
+    def _steps_ns(self) -> int: return self.clock.charged_ns + self.run.state["free_ns"]
+
+    def log(self, loss: float, frac: float) -> dict:
+        "Write the record of the step just taken (`frac`: its place in the schedule); returns it."
+        run, state = self.run, self.run.state
+        tok_s = (state["tokens"] - self.tok0) / max((self._steps_ns() - self.t0) / 1e9, 1e-9)
+        rec = {"step": state["step"], "time_s": round(self.clock.charged_ns / 1e9, 4), "loss": loss,
+               "lr_mult": round(lr_multiplier(frac, run.tcfg) * run.lr_scale, 5), "tokens": state["tokens"],
+               "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=run.world),
+               "world_size": run.world, **run.model.moe_stats()}
+        if self.file:
+            self.file.write(json.dumps(rec) + "\n")
+            self.file.flush()
+        self.prog.update(rec, self.clock.charged_ns / 1e9)
+        self.t0, self.tok0 = self._steps_ns(), state["tokens"]
+        return rec
+
+    def close(self):
+        self.prog.close()
+        if self.file: self.file.close()
+
+# %% ../nbs/30_train.ipynb #8b370947
+def _agree(run: Run, clock: Clock, stop: dict, pred_ns: int, due: bool) -> tuple[int, bool]:
+    "One decision for all ranks: the slowest clock and prediction, anyone's stop, rank 0's checkpoint."
+    charged, run.state["last_step_ns"], pred_ns, asked, due, run.reserve_ns = map(int, agree_max(
+        (clock.charged_ns, run.state["last_step_ns"], pred_ns, stop["set"], due and run.lead, run.reserve_ns),
+        run.world, run.ctrl))
+    clock.adopt(charged)
+    stop["set"] = bool(asked)
+    return pred_ns, bool(due)
+
+def _time_step(run: Run, clock: Clock, watchdog: Watchdog, started_ns: int, synced: bool, waits: dict):
+    "Charge the step that began at `started_ns`; `waits`: the steps queued since the device was last waited for."
+    free = clock.pending   # competition mode's excluded steps: not charged, and waited for
+    took_ns = clock.step_done(started_ns, sync=synced)
+    if run.spec.on_step is not None: run.spec.on_step(run.state["step"])   # the runner's step boundary
+    if free:   # the charged clock did not move: what the step took is its own duration
+        run.state["free_ns"] += took_ns
+        run.state["last_step_ns"] = took_ns
+    elif synced:   # the steps since the last wait, each charged its share of the finished work
+        run.state["last_step_ns"] = (clock.charged_ns - waits["synced_ns"]) // waits["queued"]
+    if free or synced:
+        watchdog.record(run.state["last_step_ns"])
+        waits.update(queued=0, synced_ns=clock.charged_ns)
+
+# %% ../nbs/30_train.ipynb #b0fe3d3f
 def loop(
     run: Run, clock: Clock, watchdog: Watchdog, callback=None, ckpt_every_s: float | None = None, bar=None
 ) -> tuple[str, str, float]:
     """Train until the steps are done, the budget is spent, a stop is asked for or no rollback is left; returns
     (status, why, last loss)."""
     tcfg, state, steps, dev, world = run.tcfg, run.state, run.spec.steps, run.dev, run.world
-    status, last_loss, why, strikes, best = "completed", float("nan"), "", 0, math.inf
-    run.nonfinite = torch.zeros(
-        (), dtype=torch.bool, device=dev
-    )  # device-side: any non-finite loss since the last read
-    uniform_loss = math.log(run.enc.n_vocab)
-    prog = _Progress(run.spec.budget_s if steps is None else None, run.verbose, bar)
-    mf = open(run.out / "metrics.jsonl", "a" if run.spec.resume else "w") if run.lead else None
-    stop, restore = _stop_signals()
-    state.setdefault("free_ns", 0)   # competition mode: the excluded steps' own time (the charged clock stood still)
-    log_t0, log_tok0, last_ckpt = clock.charged_ns + state["free_ns"], state["tokens"], time.perf_counter_ns()
-    queued, synced_ns = 0, clock.charged_ns   # steps since the device was last waited for, and the charged time then
+    status, last_loss, why = "completed", float("nan"), ""
+    run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # on the device: any non-finite loss since a read
+    guard, metrics, (stop, restore) = _Guard(run), _Metrics(run, clock, bar), _stop_signals()
+    last_ckpt, waits = time.perf_counter_ns(), {"queued": 0, "synced_ns": clock.charged_ns}
     try:
         while True:
+            # before the step: one decision for all ranks, a periodic checkpoint, whether to stop
             pred_ns = watchdog.predict_ns()
             due = ckpt_every_s is not None and time.perf_counter_ns() - last_ckpt >= ckpt_every_s * 1e9
-            if (
-                world > 1
-            # one decision for all ranks: the slowest rank's clock and prediction, anyone's stop, rank 0's checkpoint
-            ):
-                charged, state["last_step_ns"], pred_ns, asked, due, run.reserve_ns = map(int, agree_max(
-                    (clock.charged_ns, state["last_step_ns"], pred_ns, stop["set"], due and run.lead, run.reserve_ns),
-                    world, run.ctrl))
-                clock.adopt(charged)
-                stop["set"] = bool(asked)
+            if world > 1: pred_ns, due = _agree(run, clock, stop, pred_ns, due)
             state["train_ns"] = clock.charged_ns
-            if due and state["step"] > 0:  # a periodic checkpoint: never of weights that are no longer finite
+            if due and state["step"] > 0:  # never a checkpoint of weights that are no longer finite
                 if not agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
                     save_checkpoints(run)
                     _update_reserve(run, clock)
@@ -507,74 +572,40 @@ def loop(
             else:
                 left_ns = watchdog.budget_ns - run.reserve_ns - clock.charged_ns
                 frac = clock.fraction(watchdog.budget_ns, run.reserve_ns, min(state["last_step_ns"], left_ns) // 2)
-            ts = clock.now_ns()
+            # the step
+            started_ns = clock.now_ns()
             loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
                                 run.lr_scale, poison=run.faults.nan_at == state["step"] + 1, step=state["step"])
             run.nonfinite |= ~torch.isfinite(loss_t)
-            queued += 1
-            check = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
-            # the device is waited for only where a decision needs finished work: log steps, and every step near the end
-            ahead_ns = (queued + SYNC_AHEAD) * max(pred_ns, 1)
+            waits["queued"] += 1
+            logged = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
+            # its time: the device is waited for only where a decision needs finished work (log steps, and every step
+            # near the end)
+            ahead_ns = (waits["queued"] + SYNC_AHEAD) * max(pred_ns, 1)
             near_end = steps is None and not watchdog.fits(clock.charged_ns + run.reserve_ns, ahead_ns)
-            if check:
+            if logged:
                 stats = torch.stack((loss_t, run.nonfinite.float()))
                 if world > 1:
                     dist.all_reduce(stats)
                     stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
                 last_loss, bad = stats.tolist()  # one read: syncs the device
-            free = clock.pending   # competition mode's excluded steps: not charged, and waited for
-            took_ns = clock.step_done(ts, sync=check or near_end)
-            if run.spec.on_step is not None: run.spec.on_step(state["step"])   # the runner's step boundary
-            if free:   # the charged clock did not move: what the step took is its own duration
-                state["free_ns"] += took_ns
-                state["last_step_ns"] = took_ns
-                watchdog.record(took_ns)
-                queued, synced_ns = 0, clock.charged_ns
-            elif check or near_end:   # the steps since the last wait, each charged its share of the finished work
-                state["last_step_ns"] = (clock.charged_ns - synced_ns) // queued
-                watchdog.record(state["last_step_ns"])
-                queued, synced_ns = 0, clock.charged_ns
+            _time_step(run, clock, watchdog, started_ns, logged or near_end, waits)
             state["train_ns"] = clock.charged_ns
             state["step"] += 1
             state["tokens"] += run.tokens_per_step
-            if not check: continue
-            after_warmup = frac >= tcfg.warmup_frac
-            strikes = strikes + 1 if after_warmup and last_loss >= uniform_loss - 0.01 else 0
-            if problem := _problem(run, last_loss, bool(bad), best, strikes, after_warmup):
-                if _roll_back(run, problem):
-                    strikes = 0
-                    continue
-                before = f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else ""
-                status, why = "diverged", problem + before
+            if not logged: continue
+            # at log steps: the guard, then the metrics
+            verdict, problem = guard.check(last_loss, bool(bad), frac)
+            if verdict == "rolled back": continue
+            if verdict == "diverged":
+                status, why = "diverged", problem
                 break
-            best = min(best, last_loss)
-            if tcfg.snapshot_every and state["step"] - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss: copy
-                if not agree_max([not _all_finite(run.model)], world, run.ctrl)[0]:   # (and its weights finite too)
-                    run.snapshot.take(run.model, run.opts, state["step"])
-            # tokens over the steps' time: charged, and the excluded steps' own (they charge nothing)
-            tok_s = (state["tokens"] - log_tok0) / max((clock.charged_ns + state["free_ns"] - log_t0) / 1e9, 1e-9)
-            rec = {
-                "step": state["step"],
-                "time_s": round(clock.charged_ns / 1e9, 4),
-                "loss": last_loss,
-                "lr_mult": round(lr_multiplier(frac, tcfg) * run.lr_scale, 5),
-                "tokens": state["tokens"],
-                "tok_s": round(tok_s, 1),
-                "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=world),
-                "world_size": world,
-                **run.model.moe_stats(),
-            }
-            if mf:
-                mf.write(json.dumps(rec) + "\n")
-                mf.flush()
-            prog.update(rec, clock.charged_ns / 1e9)
+            rec = metrics.log(last_loss, frac)
             if callback is not None and callback(rec): stop["set"] = True
-            log_t0, log_tok0 = clock.charged_ns + state["free_ns"], state["tokens"]
     finally:
-        prog.close()
+        metrics.close()
         restore()
         run.batches.close()  # the loader's statistics are final from here on
-        if mf: mf.close()
     return status, why, last_loss
 
 def _update_reserve(run: Run, clock: Clock):
@@ -627,7 +658,7 @@ def finish(
         "model_saved": True,
         "model_saved_at_s": saved_at_s,
         "kernels": run.kernels,
-        "kernel_fallbacks": dict(ops._state["fell_back"]),   # kernels given up at run time (op or module: why)
+        "kernel_fallbacks": ops.fallbacks(),   # kernels given up at run time (op or module: why)
         "compile": run.compile_info,
         "rollbacks": run.rollbacks,
         "snapshots": run.snapshot.report(),

@@ -20,11 +20,9 @@ FAST = ["eval_tokens=8192"]
 @pytest.fixture
 def faults(monkeypatch):
     "Set NF_FAULT for one test; the ops table and backends are put back afterwards."
-    ops._load_kernels()   # before the copy: kernels registered during the test would otherwise be lost for good
-    saved_impls, saved_spec = {op: dict(v) for op, v in ops._IMPLS.items()}, dict(ops._state["spec"])
-    yield lambda spec: monkeypatch.setenv("NF_FAULT", spec)
-    ops._IMPLS.update(saved_impls)
-    ops._state["spec"] = saved_spec
+    ops.load_kernels()   # before the copy: kernels registered during the test would otherwise be lost for good
+    with ops.isolated():
+        yield lambda spec: monkeypatch.setenv("NF_FAULT", spec)
 
 
 def _losses(run_dir, key="loss"):
@@ -53,16 +51,12 @@ def test_preflight_keeps_pytorch_for_a_failing_and_a_wrong_kernel(pydocs, tmp_pa
 
 def test_preflight_keeps_a_kernel_that_runs_matches_and_is_faster(pydocs, tmp_path, monkeypatch):
     "An nki implementation that is PyTorch's own, against a PyTorch made slower: it passes and is used."
-    saved = dict(ops._IMPLS["rms_norm"]), dict(ops._state["spec"])
-    fast = ops._IMPLS["rms_norm"]["torch"]
+    fast = ops.implementations("rms_norm")["torch"]
     def slow(*a, **k): time.sleep(0.02); return fast(*a, **k)   # far more than any stall of a loaded machine
-    try:
-        ops._IMPLS["rms_norm"].update(torch=slow, nki=fast)
+    with ops.isolated(), ops.replaced({"rms_norm": slow}), ops.replaced({"rms_norm": fast}, backend="nki"):
         r = T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST + ["kernels=rms_norm=nki"], verbose=False)
         d = r["kernels"]["rms_norm"]
         assert d["backend"] == "nki" and "x PyTorch's speed" in d["reason"] and d["impl_ms"] < d["torch_ms"], d
-    finally:
-        ops._IMPLS["rms_norm"].clear(); ops._IMPLS["rms_norm"].update(saved[0]); ops._state["spec"] = saved[1]
 
 
 def test_a_nan_rolls_back_lowers_the_rate_and_trains_on(pydocs, tmp_path, faults):

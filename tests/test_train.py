@@ -127,7 +127,7 @@ def test_the_loss_traces_to_one_graph_and_no_recompilation():
     torch.manual_seed(0)
     m = GPT(CONFIGS["cpu-micro"])
     x = torch.randint(0, 8192, (2, CONFIGS["cpu-micro"].seq_len))
-    ops._load_kernels()   # as train._compiled does before compiling
+    ops.load_kernels()   # as train._compiled does before compiling
     f = torch.compile(m.loss, backend="eager", dynamic=False)
     for _ in range(3): f(x, x).backward()
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
@@ -242,14 +242,14 @@ def test_charge_warmup_counts_the_warmup(pydocs, tmp_path):
 def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkeypatch):
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=2, sets=FAST, verbose=False)
     ck = tmp_path / "r" / "final.pt"
-    ops._load_kernels()
+    ops.load_kernels()
     def refuse(*a, **k): raise AssertionError("an nki-sim kernel ran")
     for op in ops.OPS: monkeypatch.setitem(ops._IMPLS[op], "nki-sim", refuse)
     idx = torch.randint(0, 8192, (1, 128))
     with ops.use_backend("nki-sim"):  # what a process with kernels selected looks like
         m = load_for_eval(ck, torch.device("cpu"))
         logits = m(idx)                            # the scorer's forward: plain PyTorch ops
-        assert ops._state["spec"] == {op: "nki-sim" for op in ops.OPS}  # the process-wide setting is untouched
+        assert ops.backend_asked() == {op: "nki-sim" for op in ops.OPS}  # the process-wide setting is untouched
         with pytest.raises(AssertionError, match="nki-sim kernel ran"):
             load_for_eval(ck, torch.device("cpu"), kernels=None)(idx)  # opting out follows the process setting
     with ops.use_backend("torch"):  # the same logits as an unpinned model on the torch backend

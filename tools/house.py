@@ -1,0 +1,63 @@
+"""Where the code stands against issue 36's measures: settings per dataclass, module and function lengths, exported
+notebook cells, and who touches the ops dispatch table. Prints a table; exits 0 (a report, not a gate)."""
+import ast, json, re, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "neuronfrontier"
+LIMITS = {"dataclass fields": 20, "module lines": 800, "function lines": 80, "mean exported cell": 25}
+
+
+def dataclasses_(tree) -> list[tuple[str, int]]:
+    "(name, fields) of every @dataclass in a module."
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ClassDef) and any("dataclass" in ast.unparse(d) for d in n.decorator_list):
+            out.append((n.name, sum(isinstance(b, ast.AnnAssign) for b in n.body)))
+    return out
+
+
+def functions(tree) -> list[tuple[str, int]]:
+    "(name, lines) of every function and method."
+    return [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def exported_cells() -> list[int]:
+    "Lines of every exported code cell of the notebooks."
+    out = []
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        for c in json.loads(nb.read_text())["cells"]:
+            src = "".join(c["source"])
+            if c["cell_type"] == "code" and re.search(r"^#\|\s*export", src, re.M): out.append(len(src.splitlines()))
+    return out
+
+
+def main() -> int:
+    skip = {"_modidx.py"}
+    mods = {p.relative_to(PKG).as_posix(): p.read_text() for p in sorted(PKG.rglob("*.py")) if p.name not in skip}
+    trees = {m: ast.parse(s) for m, s in mods.items()}
+    kernels = {m for m in mods if m.startswith("kernels/")}
+    fields = sorted(((n, k, m) for m, t in trees.items() for n, k in dataclasses_(t)), key=lambda x: -x[1])
+    long_mods = sorted(((len(s.splitlines()), m) for m, s in mods.items()), reverse=True)
+    long_fns = sorted(((k, f"{m}:{n}") for m, t in trees.items() if m not in kernels for n, k in functions(t)),
+                      reverse=True)
+    cells = exported_cells()
+    touch = sorted(m for m, s in mods.items() if m != "ops.py" and re.search(r"\bops\._(IMPLS|state)\b", s))
+    print(f"{'measure':28s} {'limit':>6s} {'worst':>8s}  over the limit")
+    rows = [("dataclass fields", fields[0][1], [f"{n} {k}" for n, k, _ in fields if k > LIMITS["dataclass fields"]]),
+            ("module lines", long_mods[0][0], [f"{m} {k}" for k, m in long_mods if k > LIMITS["module lines"]]),
+            ("function lines (no kernels)", long_fns[0][0],
+             [f"{n} {k}" for k, n in long_fns if k > LIMITS["function lines"]])]
+    for name, worst, over in rows:
+        limit = LIMITS[name.split(" (")[0]]
+        print(f"{name:28s} {limit:6d} {worst:8d}  {len(over)}: {', '.join(over[:6])}{' …' if len(over) > 6 else ''}")
+    mean = sum(cells) / len(cells)
+    print(f"{'mean exported cell':28s} {LIMITS['mean exported cell']:6d} {mean:8.1f}  "
+          f"{sum(c > 100 for c in cells)} cells over 100 lines, longest {max(cells)}")
+    print(f"{'modules touching ops._IMPLS/_state':34s} {len(touch)}: {', '.join(touch) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
