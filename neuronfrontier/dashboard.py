@@ -214,14 +214,8 @@ def kernels_report(
     add = lambda *a: ks.append(_kernel_entry(*a, max_points)[1]) or None
 
     x, w, gy = rnd(N, d), 1 + rnd(1, d, scale=0.1), rnd(N, d)
-    (y, rstd), e = _kernel_entry(
-        "rmsnorm_fwd",
-        "RMSNorm forward",
-        rmsnorm.rmsnorm_fwd_kernel,
-        (x, w, m.norm_eps),
-        f"x [{N}, {d}] {dn}",
-        max_points,
-    )
+    (y, rstd), e = _kernel_entry("rmsnorm_fwd", "RMSNorm forward", rmsnorm.rmsnorm_fwd_kernel, (x, w, m.norm_eps),
+                                 f"x [{N}, {d}] {dn}", max_points)
     ks.append(e)
     add("rmsnorm_bwd", "RMSNorm backward", rmsnorm.rmsnorm_bwd_kernel, (x, w, rstd, gy), f"x, dy [{N}, {d}] {dn}")
 
@@ -233,61 +227,30 @@ def kernels_report(
         f"x [{Nb}, {d}], W [{F}, {d}], dh [{Nb}, {F}] {dn}" + (f" (one of {-(-N // Nb)} calls)" if Nb < N else ""))
 
     q, k, v, do = (rnd(1, 1, T, dh) for _ in range(4))
-    qT, kT, v3, do3 = (
-        attention._rows(q, True),
-        attention._rows(k, True),
-        attention._rows(v),
-        attention._rows(do),
-    )  # the kernels' layouts
-    (o, lse), e = _kernel_entry(
-        "attention_fwd",
-        "FlashAttention forward (causal)",
-        attention.flash_fwd_kernel[1],
-        (qT, kT, v3),
-        f"q, k, v [{T}, {dh}] {dn}, one (batch, head) program",
-        max_points,
-    )
+    qT, kT = attention._rows(q, True), attention._rows(k, True)   # the kernels' layouts
+    v3, do3 = attention._rows(v), attention._rows(do)
+    (o, lse), e = _kernel_entry("attention_fwd", "FlashAttention forward (causal)", attention.flash_fwd_kernel[1],
+                                (qT, kT, v3), f"q, k, v [{T}, {dh}] {dn}, one (batch, head) program", max_points)
     ks.append(e)
     dsum = (do3.float() * o.float()).sum(-1, keepdim=True)
-    add(
-        "attention_bwd",
-        "FlashAttention backward (causal)",
-        attention.flash_bwd_kernel[1],
-        (qT, kT, v3, do3, lse, dsum),
-        f"q, k, v, dO [{T}, {dh}] {dn}, one (batch, head) program",
-    )
+    add("attention_bwd", "FlashAttention backward (causal)", attention.flash_bwd_kernel[1],
+        (qT, kT, v3, do3, lse, dsum), f"q, k, v, dO [{T}, {dh}] {dn}, one (batch, head) program")
 
     Np = -(-N // 128) * 128
     h, wh = rnd(Np, d), rnd(V, d, scale=d ** -0.5)
     tg = torch.randint(0, m.vocab_size, (Np, 1), generator=g, dtype=torch.int32)
     c = float(m.softcap or 0.0)
-    (loss, lse), e = _kernel_entry(
-        "cross_entropy_fwd",
-        "Cross-entropy forward (chunked, no logits in HBM)",
-        ce.cross_entropy_fwd_kernel,
-        (h, wh, tg, m.vocab_size, c, ce._block_tiles(Np, d, s, backward=False)),
-        f"h [{Np}, {d}], W [{V}, {d}] {dn}",
-        max_points,
-    )
+    (loss, lse), e = _kernel_entry("cross_entropy_fwd", "Cross-entropy forward (chunked, no logits in HBM)",
+                                   ce.cross_entropy_fwd_kernel,
+                                   (h, wh, tg, m.vocab_size, c, ce._block_tiles(Np, d, s, backward=False)),
+                                   f"h [{Np}, {d}], W [{V}, {d}] {dn}", max_points)
     ks.append(e)
-    add(
-        "cross_entropy_bwd",
-        "Cross-entropy backward",
-        ce.cross_entropy_bwd_kernel,
+    add("cross_entropy_bwd", "Cross-entropy backward", ce.cross_entropy_bwd_kernel,
         (h, wh, tg, lse, torch.full((Np, 1), 1.0 / Np), m.vocab_size, c, ce._block_tiles(Np, d, s, backward=True)),
-        f"h [{Np}, {d}], W [{V}, {d}] {dn}",
-    )
-
-    hw = dict(
-        name="trn2 NeuronCore-v3",
-        partitions=TRN2.partitions,
-        sbuf_budget_pp=TRN2.sbuf_budget_pp,
-        sbuf_physical_pp=TRN2.sbuf_bytes_pp,
-        psum_pp=TRN2.psum_bytes_pp,
-        psum_bank_bytes=TRN2.psum_bank_bytes,
-        sbuf_budget_bytes=TRN2.sbuf_budget_pp * TRN2.partitions,
-        psum_bytes=TRN2.psum_bytes_pp * TRN2.partitions,
-    )
+        f"h [{Np}, {d}], W [{V}, {d}] {dn}")
+    hw = dict(name="trn2 NeuronCore-v3", partitions=TRN2.partitions, sbuf_budget_pp=TRN2.sbuf_budget_pp,
+              sbuf_physical_pp=TRN2.sbuf_bytes_pp, psum_pp=TRN2.psum_bytes_pp, psum_bank_bytes=TRN2.psum_bank_bytes,
+              sbuf_budget_bytes=TRN2.sbuf_budget_pp * TRN2.partitions, psum_bytes=TRN2.psum_bytes_pp * TRN2.partitions)
     return dict(schema=1, config=config, tokens=N, dtype=dn, seed=seed, created=time.strftime("%Y-%m-%dT%H:%M:%S"),
                 commit=_git_commit(), hw=hw, kernels=ks)
 

@@ -231,6 +231,32 @@ def write_outputs(
     if plots and summary: plot_sweep(summary, rows, out)
     return summary
 
+def _check_sweep(config, settings, out, budget_s, steps, recipe, sets, jobs, reference):
+    "A sweep's arguments, each problem in one line that names its fix (before anything starts)."
+    if jobs < 1: raise ValueError(f"--jobs {jobs}: must be at least 1")
+    if steps is None and (budget_s is None or budget_s <= 0):
+        raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
+    if reference is not None and reference not in settings:
+        raise ValueError(f"--reference {reference!r} is not one of the settings")
+    if len({setting_dir(out, n) for n in settings}) < len(settings):
+        raise ValueError("two settings map to the same directory; rename one")
+    check_settings(config, settings, recipe, sets)
+
+def _train_cmd(config, setting, seed, rd, data_dir, device, steps, budget_s, recipe, sets) -> list[str]:
+    "The command line of one run of a sweep: `setting` (its recipe and `key=value`s) at `seed`, into `rd`."
+    rec, own = split_setting(setting, recipe)
+    cmd = [sys.executable, "-c", _TRAIN, "train", "--config", config, "--data", str(data_dir), "--out", str(rd),
+           "--seed", str(seed), "--device", device, "--quiet"]
+    cmd += ["--steps", str(steps)] if steps else ["--budget", str(budget_s)]
+    return cmd + (["--recipe", rec] if rec else []) + [x for kv in list(sets) + own for x in ("--set", kv)]
+
+def _interrupt(procs):
+    "Ctrl-C: ask each running run to stop (it saves and scores what it has), then wait for it (kill after 5 minutes)."
+    for p in procs: p.send_signal(signal.SIGINT)
+    for p in procs:
+        try: p.wait(timeout=300)
+        except subprocess.TimeoutExpired: p.kill()
+
 def run_sweep(
     config: str,
     settings: dict,
@@ -249,27 +275,17 @@ def run_sweep(
     log=print,
 ) -> tuple[list[dict], list[str]]:
     "Run `settings` × `seeds` as budgeted `train` runs, `jobs` at a time with `threads` each; returns (rows, failures)."
-    if jobs < 1: raise ValueError(f"--jobs {jobs}: must be at least 1")
+    _check_sweep(config, settings, out, budget_s, steps, recipe, sets, jobs, reference)
     threads = threads or max(1, len(available_cpus()) // jobs)
-    if steps is None and (budget_s is None or budget_s <= 0):
-        raise ValueError(f"--budget {budget_s}: must be > 0 seconds")
-    if reference is not None and reference not in settings:
-        raise ValueError(f"--reference {reference!r} is not one of the settings")
-    if len({setting_dir(out, n) for n in settings}) < len(settings):
-        raise ValueError("two settings map to the same directory; rename one")
-    check_settings(config, settings, recipe, sets)
     out = Path(out)
     _check_manifest(out, {"config": config, "budget_s": None if steps else budget_s, "steps": steps, "recipe": recipe,
                           "sets": list(sets), "data": str(data_dir), "device": device})
     runs = [(name, seed) for seed in seeds for name in settings]  # seed-major
     todo = [(n, s) for n, s in runs if run_result(setting_dir(out, n) / f"s{s}") is None]
     slots = slot_cores(jobs, threads)
-    log(
-        f"sweep: {len(settings)} setting(s) × {len(seeds)} seed(s) = {len(runs)} runs, {len(runs) - len(todo)} "
-        f"already finished; "
-        f"{jobs} at a time × {threads} thread(s)"
-        + (", pinned" if slots[0] else f" (not pinned: {jobs}×{threads} > {len(available_cpus())} CPUs)")
-    )
+    pinned = ", pinned" if slots[0] else f" (not pinned: {jobs}×{threads} > {len(available_cpus())} CPUs)"
+    log(f"sweep: {len(settings)} setting(s) × {len(seeds)} seed(s) = {len(runs)} runs, {len(runs) - len(todo)} already "
+        f"finished; {jobs} at a time × {threads} thread(s){pinned}")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     running, failures, done, t0 = {}, [], len(runs) - len(todo), time.time()
 
@@ -277,11 +293,7 @@ def run_sweep(
         rd = setting_dir(out, name) / f"s{seed}"
         shutil.rmtree(rd, ignore_errors=True)
         rd.mkdir(parents=True)
-        rec, own = split_setting(settings[name], recipe)
-        cmd = [sys.executable, "-c", _TRAIN, "train", "--config", config, "--data", str(data_dir), "--out", str(rd),
-               "--seed", str(seed), "--device", device, "--quiet"]
-        cmd += ["--steps", str(steps)] if steps else ["--budget", str(budget_s)]
-        cmd += (["--recipe", rec] if rec else []) + [x for kv in list(sets) + own for x in ("--set", kv)]
+        cmd = _train_cmd(config, settings[name], seed, rd, data_dir, device, steps, budget_s, recipe, sets)
         cores = slots[slot]
         with open(rd / "train.log", "w") as lf:
             p = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, start_new_session=True,
@@ -294,11 +306,8 @@ def run_sweep(
         r = run_result(rd)
         done += 1
         if r is None:
-            lines = (
-                (rd / "train.log").read_text(errors="replace").strip().splitlines()
-                if (rd / "train.log").exists()
-                else []
-            )
+            log_file = rd / "train.log"
+            lines = log_file.read_text(errors="replace").strip().splitlines() if log_file.exists() else []
             failures.append(f"{name} seed {seed}: exit {p.returncode}: {lines[-1] if lines else 'no output'}")
             log(
                 f"[{time.time() - t0:7.0f}s] {done}/{len(runs)} {name} seed {seed}: FAILED (exit {p.returncode}) — "
@@ -316,10 +325,7 @@ def run_sweep(
             time.sleep(0.1)
             for slot in [s for s, (p, *_) in running.items() if p.poll() is not None]: reap(slot)
     except KeyboardInterrupt:
-        for p, *_ in running.values(): p.send_signal(signal.SIGINT)
-        for p, *_ in running.values():
-            try: p.wait(timeout=300)
-            except subprocess.TimeoutExpired: p.kill()
+        _interrupt([p for p, *_ in running.values()])
         rows = collect(out, settings, seeds)
         write_outputs(out, rows, settings, reference, plots)
         log(f"interrupted: {len(rows)} of {len(runs)} runs finished; start the same command again to resume")

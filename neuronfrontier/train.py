@@ -616,77 +616,61 @@ def _update_reserve(run: Run, clock: Clock):
     run.reserve_ns = max(run.reserve_ns, int(save_reserve_s(nbytes, run.save_s) * 1e9))
 
 # %% ../nbs/30_train.ipynb #82047129
-def finish(
-    run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float
-) -> dict:
-    "Check the weights, save, evaluate (sharded over ranks) and write `result.json`; returns its dict."
-    state, tcfg, world = run.state, run.tcfg, run.world
-    overrun_ns = max(0, clock.charged_ns - watchdog.budget_ns) if run.spec.steps is None else 0
-    # the steps since the last read, and the last update, may have left non-finite weights: then the last finite state
-    unfinite = status == "crashed" or agree_max([run.nonfinite.item() or not _all_finite(run.model)], world,
+def _last_finite(run: Run, status: str):
+    """Put back the last finite state where the steps since the last read, or the last update, left non-finite weights
+    (or the run diverged or crashed): warm-up's snapshot at least, so there always is a finite state to save."""
+    state = run.state
+    unfinite = status == "crashed" or agree_max([run.nonfinite.item() or not _all_finite(run.model)], run.world,
                                                 run.ctrl)[0]
-    if unfinite or status == "diverged":   # warm_up's snapshot at least: there always is a finite state to save
+    if unfinite or status == "diverged":
         if unfinite and status not in ("diverged", "crashed"):
             run.rollbacks.append({"step": state["step"], "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
                                   "why": f"non-finite loss or weights by step {state['step']}, at the end"})
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
-    save_checkpoints(run)
-    # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
-    if clock.mode == "competition": saved_at_s = clock.charged_now_ns() / 1e9
-    else: saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9
-    model = run.parallel.eval_model(run.model)   # every rank the whole model (sharded experts or rows: gathered)
+
+def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float,
+            saved_at_s: float) -> dict:
+    "result.json's dict of a finished training, before its evaluation."
+    state, tcfg, world = run.state, run.tcfg, run.world
+    overrun_ns = max(0, clock.charged_ns - watchdog.budget_ns) if run.spec.steps is None else 0
     man = read_manifest(run.tok_dir) if run.spec.tokenizer is None else None
+    free_ns = state.get("free_ns", 0)   # competition mode's excluded steps: their own time
     res = {
-        "status": status,
-        "steps": state["step"],
-        "tokens": state["tokens"],
-        "train_s": clock.charged_ns / 1e9,
-        "warmup_s": clock.startup_ns / 1e9,
+        # what was trained, and how it ended
+        "status": status, "steps": state["step"], "tokens": state["tokens"], "final_train_loss": last_loss,
+        "diverged_because": why or None, "rollbacks": run.rollbacks, "snapshots": run.snapshot.report(),
+        # the clock (competition: startup_s runs to step 5's end)
+        "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
         "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
-        "overrun_s": overrun_ns / 1e9,
-        "tok_s": state["tokens"] / max((clock.charged_ns + state.get("free_ns", 0)) / 1e9, 1e-9),
-        "budget_s": run.spec.budget_s if run.spec.steps is None else None,
-        "budget_mode": clock.mode,
-        "startup_allowance_s": clock.allowance_ns / 1e9,
-        "startup_s": clock.startup_ns / 1e9,   # process start to the clock's start (competition: to step 5's end)
-        "max_step_s": max(watchdog.recent, default=0) / 1e9,
-        "ckpt_s": state.get("ckpt_ns", 0) / 1e9,
-        "ckpts": state.get("ckpts", 0),
-        "final_train_loss": last_loss,
-        "diverged_because": why or None,
-        "model_saved": True,
-        "model_saved_at_s": saved_at_s,
-        "kernels": run.kernels,
-        "kernel_fallbacks": ops.fallbacks(),   # kernels given up at run time (op or module: why)
-        "compile": run.compile_info,
-        "rollbacks": run.rollbacks,
-        "snapshots": run.snapshot.report(),
-        "save_reserve_s": run.reserve_ns / 1e9,
-        "last_save_s": run.save_s,
-        "device_syncs": clock.syncs,
+        "tok_s": state["tokens"] / max((clock.charged_ns + free_ns) / 1e9, 1e-9),
+        "budget_s": run.spec.budget_s if run.spec.steps is None else None, "budget_mode": clock.mode,
+        "startup_allowance_s": clock.allowance_ns / 1e9, "startup_s": clock.startup_ns / 1e9,
+        "max_step_s": max(watchdog.recent, default=0) / 1e9, "device_syncs": clock.syncs,
+        # checkpoints
+        "ckpt_s": state.get("ckpt_ns", 0) / 1e9, "ckpts": state.get("ckpts", 0), "model_saved": True,
+        "model_saved_at_s": saved_at_s, "save_reserve_s": run.reserve_ns / 1e9, "last_save_s": run.save_s,
+        "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path),
+        # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
+        "kernels": run.kernels, "kernel_fallbacks": ops.fallbacks(), "compile": run.compile_info,
         "faults": asdict(run.faults) if run.faults else None,
+        # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
         "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
         "data": str(run.spec.data_dir) if run.spec.rows is None else "given rows (the kit's make_dataloader)",
-        "device": str(run.dev),
-        "dtype": run.precision.dtype,
-        "precision": run.precision.as_dict(),   # what was asked, why, Newton–Schulz's dtype, the CPU probe's numbers
-        "hw": run.hwn,
-        "seed": run.spec.seed,
-        "world_size": world,
-        "global_batch": tcfg.batch_size * tcfg.grad_accum * world,
-        "checkpoint": str(run.ck_path),
-        "resume_checkpoint": str(run.rs_path),
-        "config_name": run.spec.config,
-        "recipe": run.spec.recipe,
+        "device": str(run.dev), "dtype": run.precision.dtype, "precision": run.precision.as_dict(), "hw": run.hwn,
+        "seed": run.spec.seed, "world_size": world, "global_batch": tcfg.batch_size * tcfg.grad_accum * world,
+        # the configuration and the tokenizer
+        "config_name": run.spec.config, "recipe": run.spec.recipe, "config": config_dict(run.mcfg, tcfg),
         "tokenizer_source": man["source"] if man else None,
         "tokenizer_sha256": tokenizer_sha256(run.tok_dir) if run.spec.tokenizer is None else None,
-        "config": config_dict(run.mcfg, tcfg),
     }
     res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
-    if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
-    if run.val_path is None: return res   # the kit's data: its evaluate_bpb scores the run (spec.score)
+    return res
+
+def _score(run: Run, model, res: dict):
+    "Score the validation tokens (sharded over the ranks) into `res`: val_bpb, the unigram baseline, eval seconds."
+    tcfg, world = run.tcfg, run.world
     te = time.perf_counter_ns()
     vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
     dev = run.dev
@@ -701,6 +685,21 @@ def finish(
         fit = (b for _, b in zip(range(50), PackedLoader(run.train_paths, run.enc, 16, 512, seed=run.spec.seed)))
         res["unigram_bpb"] = unigram_bpb(fit, vb, run.token_bytes, run.enc.n_vocab)
     res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
+
+def finish(
+    run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float
+) -> dict:
+    "Check the weights, save, evaluate (sharded over ranks) and write `result.json`; returns its dict."
+    _last_finite(run, status)
+    save_checkpoints(run)
+    # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
+    if clock.mode == "competition": saved_at_s = clock.charged_now_ns() / 1e9
+    else: saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9
+    model = run.parallel.eval_model(run.model)   # every rank the whole model (sharded experts or rows: gathered)
+    res = _result(run, clock, watchdog, warm_ns, status, why, last_loss, saved_at_s)
+    if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))   # before the evaluation
+    if run.val_path is None: return res   # the kit's data: its evaluate_bpb scores the run (spec.score)
+    _score(run, model, res)
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
 
