@@ -309,7 +309,7 @@ def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | Non
     """Run the submission in `sub_dir` as the organisers do, in the scratch directory `work`: the stand-in prepare.py
     beside train.py, the launch line with no flags. Returns (passed, or NA; why; the out/final.pt it wrote or None)."""
     import time
-    from neuronfrontier.data import find_shards, DataError
+    from neuronfrontier.data import DataError
     d, work = Path(sub_dir), Path(work)
     src = (d / "train.py").read_text()
     if not _imports_kit(src):
@@ -319,9 +319,8 @@ def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | Non
     ranks = min(n, max(2, os.cpu_count() or 1))
     if is_export(src)[0] and (why := _too_slow(src, ranks)): return NA, why, None
     shape = f"{ranks} of the launch line's {n} ranks" if ranks < n else f"{n} ranks"
-    try: find_shards(data)
-    except DataError as e: return NA, f"n/a: no data to run it on here: {first_line(e)}", None
     try: env = _kit_site(d, work, Path(data), Path(tokenizer)) | {"NEURON_LOGICAL_NC_CONFIG": str(lnc)}
+    except DataError as e: return NA, f"n/a: no data to run it on here: {first_line(e)}", None
     except (ValueError, OSError) as e: return False, f"not run: {first_line(e) or type(e).__name__}", None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "train.py"]
     t0 = time.time()
@@ -408,7 +407,8 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
         raise FileNotFoundError(f"{d}: no such directory; export a submission with `neuronfrontier export --out {d}`")
     if not (d / "train.py").is_file():
         raise FileNotFoundError(f"{d}: no train.py; export one with `neuronfrontier export --out {d}`")
-    src, rows, ours = (d / "train.py").read_text(), _file_rows(d), is_export((d / "train.py").read_text())
+    src = (d / "train.py").read_text()
+    rows, ours = _file_rows(d), is_export(src)
     launch = d / "launch.txt"
     launched, line = check_launch(launch.read_text()) if launch.exists() else (False, "no launch.txt")
     rows.append(("launch", launched, line))
