@@ -6,7 +6,6 @@
 # %% ../nbs/29_checkpoint.ipynb #83e1c59f
 from __future__ import annotations
 import os
-from dataclasses import asdict
 from pathlib import Path
 import torch
 from .config import ModelConfig, TrainConfig
@@ -30,6 +29,7 @@ def _atomic_save(obj, path: Path) -> Path:
     os.replace(tmp, path)
     return path
 
+# %% ../nbs/29_checkpoint.ipynb #f0b8a180
 def load_checkpoint(path) -> dict:
     """`torch.load` a checkpoint on the CPU (weights only); a truncated or corrupt file is a one-line `ValueError`
     naming it."""
@@ -42,24 +42,28 @@ def load_checkpoint(path) -> dict:
             "use an earlier copy or train again"
         ) from None
 
+# %% ../nbs/29_checkpoint.ipynb #886f1ca6
 def load_resume(path, mcfg: ModelConfig) -> dict:
     "The training state in `resume.pt`, checked: complete, and for the same model config."
     ck = load_checkpoint(path)
     missing = {"model", "model_config", "optimizers", "state", "rng"} - set(ck)
     if missing: raise ValueError(f"--resume: {path} is not a resume checkpoint (missing {', '.join(sorted(missing))})")
-    if ck["model_config"] != asdict(mcfg):
+    if ck["model_config"] != mcfg.flat():
         raise ValueError(f"--resume: {path} was trained with a different model config")
     return ck
 
+# %% ../nbs/29_checkpoint.ipynb #4d455b9d
 def _weights(model: GPT, sd: dict | None = None) -> dict:
     sd = model.state_dict() if sd is None else sd
-    return {"model_config": asdict(model.cfg), "model": {k: v.detach().cpu() for k, v in sd.items()}}
+    return {"model_config": model.cfg.flat(), "model": {k: v.detach().cpu() for k, v in sd.items()}}
 
+# %% ../nbs/29_checkpoint.ipynb #0602922b
 def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None, sd: dict | None = None) -> Path:
     """Atomically write the weights-only checkpoint (`final.pt`): model config, weights (`sd`, default the model's),
     train/eval settings."""
-    return _atomic_save(_weights(model, sd) | ({"train_config": asdict(tcfg)} if tcfg is not None else {}), path)
+    return _atomic_save(_weights(model, sd) | ({"train_config": tcfg.flat()} if tcfg is not None else {}), path)
 
+# %% ../nbs/29_checkpoint.ipynb #17f186d2
 def save_resume(
     path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig, sd: dict | None = None, opt_states=None
 ) -> Path:
@@ -69,9 +73,10 @@ def save_resume(
         {"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}
     )
     opt_states = [o.state_dict() for o in opts] if opt_states is None else opt_states
-    return _atomic_save(_weights(model, sd) | {"train_config": asdict(tcfg), "optimizers": opt_states,
+    return _atomic_save(_weights(model, sd) | {"train_config": tcfg.flat(), "optimizers": opt_states,
                                            "state": dict(state), "rng": rng}, path)
 
+# %% ../nbs/29_checkpoint.ipynb #85b8cd1a
 def load_for_eval(checkpoint_path: str, device: torch.device, kernels: str | None = "torch") -> torch.nn.Module:
     """The competition's loader: a consolidated, single-device, eval-mode GPT (tokens → logits) pinned to `kernels`
     (default: plain PyTorch ops)."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
 from .config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL_EVAL_SEQ_LEN
+from .flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
-__all__ = ['DEFAULT_DATA', 'DEFAULT_CORE', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
+__all__ = ['COMMANDS', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
 
 # %% ../nbs/99_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -17,240 +18,152 @@ class UserError(Exception): "A problem with what the user asked for; reported as
 class _Parser(argparse.ArgumentParser):
     def error(self, message): raise UserError(f"{self.prog}: {message}")
 
-DEFAULT_DATA = {"embedded": "data/cache/pydocs", "climbmix": "data/climbmix"}
-DEFAULT_CORE = "data/cache/eval_bundle"   # where `prepare --core` puts the CORE bundle and `eval --core` looks
+# %% ../nbs/99_cli.ipynb #9256ef73
+_RUN_GROUPS = [flag_group(title) for title in ("what to train", "clock", "machines", "files")]
+_CORE_MAX = {"--core-max-per-task": dict(type=int, default=None, metavar="N", help="score N items of each CORE task")}
 
-def _run_flags(p):
-    p.add_argument("--config", default="cpu-tiny", help="model preset (see `neuronfrontier info`)")
-    p.add_argument("--recipe", default=None, help="named bundle of overrides: kit (the competition kit's baseline; "
-                   "the default of dense-124m and cpu-tiny), frontier (the other presets' default), baseline, kit-eval")
-    p.add_argument("--budget", type=float, default=300.0, help="charged training seconds (default 300)")
-    p.add_argument("--steps", type=int, default=None, help="train exactly N steps instead of a time budget")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="cpu, cuda, neuron or auto (neuron > cuda > cpu)")
-    p.add_argument("--data", default=None, help="data directory with shard_*.parquet and tokenizer/")
-    p.add_argument("--out", default=None, help="run directory (default runs/<config>-<time>)")
-    p.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field (repeatable)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue from resume.pt in --out")
-    p.add_argument(
-        "--budget-mode",
-        default=None,
-        choices=["charged", "wall", "competition"],
-        help="charged: training steps only; wall: everything from process start; competition: the organisers' "
-             "runner, from the completion of step 5, start-up past --startup-allowance charged (default: "
-             "competition on Neuron, else charged)",
-    )
-    p.add_argument(
-        "--startup-allowance",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="wall and competition modes: start-up (compilation) seconds not charged (default: the kit's 900 in "
-             "competition mode, else 0)",
-    )
-    p.add_argument(
-        "--ckpt-every",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="also write final.pt + resume.pt every SECONDS (0: off; default: every 600 s for a train run of 30 min "
-             "or more, else off)",
-    )
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes, one per NeuronCore/GPU (or CPU processes): launches torchrun --standalone --nproc_per_node N",
-    )
-    p.add_argument(
-        "--ep",
-        type=int,
-        default=1,
-        help="MoE expert parallelism: experts shared out over groups of N of the --nproc processes (data parallel "
-             "over the groups)",
-    )
-    p.add_argument("--fsdp", action="store_true",
-                   help="shard parameters, gradients and optimizer state over the processes (FSDP2; needs --nproc > "
-                        "1 or --nnodes > 1)")
-    p.add_argument("--nnodes", type=int, default=1,
-                   help="machines, each running this same command with --nproc processes (torchrun c10d rendezvous)")
-    p.add_argument("--node-rank", type=int, default=0,
-                   help="this machine's index among --nnodes, passed to torchrun (c10d orders the machines itself)")
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="where the --nnodes machines meet: the first machine's address and a free port")
-    p.add_argument("--quiet", action="store_true", help="no per-step progress")
+_TRAINING: dict[str, tuple[str, list]] = {
+    "prepare": ("build or download the data and the tokenizer; with --core, the CORE bundle", [
+        flag_group("data preparation"),
+        flag_group("files", "--data", data=dict(help="where the shards and tokenizer/ go (default data/cache/pydocs; "
+                                                      "climbmix: data/climbmix)")),
+        ("CORE bundle", {
+            "--core": dict(action="store_true", help="fetch the CORE evaluation bundle (only) into --core-dir"),
+            "--core-url": dict(default=None, help="the bundle's URL, a .zip or a file:// URL (default: nanochat's)"),
+            "--core-dir": dict(default=None, help=f"where the bundle goes (default {DEFAULT_CORE})"),
+            "--core-sha256": dict(default=None, help="the archive's expected SHA-256 (default: the pinned one)")})]),
+    "train": ("train on prepared data, then evaluate", _RUN_GROUPS),
+    "speedrun": ("prepare if missing, train under the budget, evaluate, print val_bpb", [
+        *_RUN_GROUPS, flag_group("data preparation"),
+        ("CORE", {"--core": dict(default=None, metavar="BUNDLE_DIR",
+                                 help="also score the trained model on CORE (`prepare --core` fetches the bundle)"),
+                  **_CORE_MAX})]),
+}
 
-def _prep_flags(p):
-    p.add_argument("--source", default="embedded", choices=["embedded", "climbmix"])
-    p.add_argument(
-        "--shards", type=int, default=8, help="embedded: shards to split into; climbmix: training shards to download"
-    )
-    p.add_argument("--tokenizer", default="bpe8k", choices=["bpe8k", "gpt2"])
-    p.add_argument(
-        "--tokenizer-dir",
-        default=None,
-        help="the competition kit's tokenizer.pkl + token_bytes.pt (required for climbmix)",
-    )
-    p.add_argument(
-        "--train-tokenizer",
-        action="store_true",
-        help="climbmix: train our own BPE instead of the kit's (ids differ from the scorer's)",
-    )
-    p.add_argument("--base-url", default=None, help="climbmix mirror (URL or local directory)")
+# %% ../nbs/99_cli.ipynb #80dfd04f
+_SCORING: dict[str, tuple[str, list]] = {
+    "eval": ("score a checkpoint on the validation shard; with --core, on CORE too", [
+        ("what to score", {"checkpoint": dict(help="the checkpoint to score (a run's final.pt)")}),
+        flag_group("files", "--data", data=dict(help="data directory: the validation shard and tokenizer/ (default "
+                                                     "data/cache/pydocs)")),
+        flag_group("machines", "--device"),
+        ("rows", {
+            "--eval-tokens": dict(type=int, default=None, help="validation tokens scored (default: the run's)"),
+            "--eval-seq-len": dict(type=int, default=None, help="tokens per scored row (default: the run's)"),
+            "--official": dict(action="store_true",
+                               help=f"the scorer's rows: the validation stream cut at stride T, "
+                                    f"{OFFICIAL_EVAL_TOKENS:,} tokens at context {OFFICIAL_EVAL_SEQ_LEN} unless "
+                                    f"--eval-tokens / --eval-seq-len say otherwise")}),
+        ("CORE", {"--core": dict(nargs="?", const=DEFAULT_CORE, default=None, metavar="BUNDLE_DIR",
+                                 help=f"also score CORE on this bundle (default {DEFAULT_CORE}; `prepare --core` "
+                                      f"fetches it)"),
+                  **_CORE_MAX})]),
+    "sweep": ("run a grid of settings × seeds as budgeted trainings; table + plots; resumable", [
+        *_RUN_GROUPS, ("sweep", {
+        "--grid": dict(action="append", default=[], metavar="KEY=V1,V2",
+                       help="values to sweep for one field (repeatable; 'recipe' too)"),
+        "--random": dict(type=int, default=None, metavar="N", help="run N points drawn from the grid instead of all"),
+        "--sample-seed": dict(type=int, default=0, help="seed of the --random draw (keep it to resume)"),
+        "--seeds": dict(type=int, nargs="+", default=[0], help="training seeds per setting (default 0)"),
+        "--jobs": dict(type=int, default=1, help="runs at the same time"),
+        "--threads": dict(type=int, default=None, help="threads per run (default: CPUs / jobs); runs are pinned to "
+                                                       "their cores"),
+        "--reference": dict(default=None, help="setting to report every other's Δ val_bpb against")})]),
+    "info": ("presets, parameter counts, FLOPs per token, tile check; with --config: where each training setting "
+             "comes from", [flag_group("what to train", "--config", "--recipe", "--set", config=dict(
+                 default=None, help="a preset: list where each of its training settings comes from"))]),
+}
+
+# %% ../nbs/99_cli.ipynb #1a7f2607
+_SUBMISSION: dict[str, tuple[str, list]] = {
+    "export": ("write a competition submission: a self-contained train.py, launch.txt, README.md", [
+        flag_group("what to train", "--config", "--recipe", "--set",
+                   config=dict(default="dense-124m", help="model preset baked into train.py (default dense-124m)")),
+        flag_group("machines", "--nproc", "--fsdp", "--nnodes", "--rdzv-endpoint",
+                   nproc=dict(default=8, help="processes in the launch line: 8 (LNC 1, the default; see 60_recipe) or "
+                                              "4 (LNC 2); 1 allowed"),
+                   fsdp=dict(help="train.py shards parameters, gradients and optimizer state (FSDP2)"),
+                   nnodes=dict(help="machines the launch line runs on, each with --nproc processes (c10d rendezvous)"),
+                   rdzv_endpoint=dict(help="with --nnodes > 1: the first machine's address and a free port, in the "
+                                           "launch line")),
+        ("submission", {
+            "--lnc": dict(type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG of the launch line: 1 (default) or 2"),
+            "--data": dict(default=None, help="default --data of train.py (default: the kit's "
+                                              "~/.cache/autoresearch/data)"),
+            "--tokenizer": dict(default=None, help="default --tokenizer of train.py (default: DATA/tokenizer with "
+                                                   "--data, else the kit's)"),
+            "--out": dict(required=True, help="directory to write the submission into"),
+            "--no-fit": dict(dest="fit", action="store_false", help="keep the preset's per-rank batch even if its "
+                                                                    "traced step does not fit one rank's HBM")})]),
+}
+
+# %% ../nbs/99_cli.ipynb #79a9ef51
+_SUBMISSION["rehearse"] = ("run a submission's own train.py and kernels as trn2 would, on this CPU: every kernel call "
+                           "at production shape in the simulator, memory per rank; writes rehearsal.json; then its "
+                           "launch line beside a stand-in prepare.py", [("rehearsal", {
+    "dir": dict(help="the submission directory (train.py, nf_kernels/, launch.txt)"),
+    "--nproc": dict(type=int, default=None, help="ranks (default: the launch line's)"),
+    "--lnc": dict(type=int, default=None, help="NEURON_LOGICAL_NC_CONFIG (default: the launch line's)"),
+    "--hbm-gib": dict(type=float, default=None, help="HBM per rank in GiB (default: one logical core's, 12 or 24)"),
+    "--out": dict(default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)"),
+    "--no-kit-run": dict(action="store_true", help="skip running the launch line beside the stand-in prepare.py on "
+                                                   "this CPU (the kit run)")})])
+_SUBMISSION["check"] = ("check a submission against the competition's contract (exit 0 only if every row that "
+                        "applies passes)", [("check", {
+    "dir": dict(help="the submission directory (train.py, launch.txt)"),
+    "--checkpoint": dict(default=None, help="the checkpoint to probe (default: the kit run's out/final.pt, else "
+                                            "DIR/out/final.pt, else (an export) one from a 1-step run)"),
+    "--data": dict(default=None, help="validation data (default: the path baked into train.py)"),
+    "--tokenizer": dict(default=None, help="tokenizer directory (default: the path baked into train.py)"),
+    "--device": dict(default="cpu", help="device to probe the model on (default cpu)"),
+    "--tol": dict(type=float, default=None, help="causality and batch independence: max |Δlogit| <= TOL · max(1, "
+                                                 "max |logit|) (default 1e-4)"),
+    "--no-kit-run": dict(action="store_true", help="skip the kit run (the launch line beside the stand-in "
+                                                   "prepare.py, on this CPU)")})])
+
+# %% ../nbs/99_cli.ipynb #28cc222d
+_TOOLS: dict[str, tuple[str, list]] = {
+    "dashboard": ("web page over the runs: live runs, kernels (SBUF/PSUM), sweeps, judge tour", [("dashboard", {
+        "--runs": dict(default="runs", help="directory of run directories (default runs)"),
+        "--host": dict(default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)"),
+        "--port": dict(type=int, default=8765, help="port to serve on (default 8765)"),
+        "--token": dict(default=None, help="token for state-changing requests (default: generated)"),
+        "--data": dict(default=None, help="data directory runs started from the page train on"),
+        "--kernels-report": dict(default=None, help="JSON from `kernels-report` (default "
+                                                    "<runs>/kernels_report.json)"),
+        "--set": dict(dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                      help="config override for every run started from the page (repeatable; the page cannot change "
+                           "it)")})]),
+    "kernels-report": ("simulate every NKI kernel once; write the JSON the dashboard's kernels view shows", [
+        flag_group("what to train", "--config", config=dict(default="dense-124m",
+                                                            help="preset whose shapes the kernels run at")),
+        ("kernels report", {
+            "--tokens": dict(type=int, default=None, help="tokens per call (default: the preset's seq_len)"),
+            "--out": dict(default="runs/kernels_report.json", help="where the JSON goes (default "
+                                                                   "runs/kernels_report.json)")})]),
+}
+
+# %% ../nbs/99_cli.ipynb #85fde74b
+_TOOLS["plan"] = ("a Phase-2 preset from the scaling fit of our CPU runs: shape, batch, tokens, step time (roofline "
+                  "estimate), memory per rank, the binding constraint", [("plan", {
+    "--budget": dict(required=True, help="wall-clock budget: 4h, 30m, 90s or seconds"),
+    "--chips": dict(type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)"),
+    "--out": dict(default="runs/plan/preset.json", help="where the preset JSON goes"),
+    "--fit": dict(default=None, help="scaling results file (default nbs/results/scaling_fit.json) or 'chinchilla' "
+                                     "for the published coefficients"),
+    "--mfu": dict(type=float, default=None, help="achieved MFU assumed (default plan.ASSUMED_MFU, 0.30)"),
+    "--lnc": dict(type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)"),
+    "--startup": dict(default="600s", help="start-up allowance taken off the budget (default 600s)"),
+    "--data-tokens": dict(type=float, default=None, help="unique training tokens (default plan.DATA_TOKENS, 4e11)")})])
+
+COMMANDS: dict[str, tuple[str, list]] = {**_TRAINING, **_SCORING, **_SUBMISSION, **_TOOLS}
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(
-        prog="neuronfrontier", description="NeuronFrontier-LM: train a GPT to the lowest val_bpb in a fixed budget."
-    )
+    "The `neuronfrontier` parser: one subcommand per `COMMANDS` entry, its flags in argument groups."
+    ap = _Parser(prog="neuronfrontier",
+                 description="NeuronFrontier-LM: train a GPT to the lowest val_bpb in a fixed budget.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    p = sub.add_parser("prepare", help="build or download the data and the tokenizer; with --core, the CORE bundle")
-    _prep_flags(p)
-    p.add_argument("--data", default=None)
-    p.add_argument("--core", action="store_true", help="fetch the CORE evaluation bundle (only) into --core-dir")
-    p.add_argument("--core-url", default=None, help="the bundle's URL, a .zip or a file:// URL (default: nanochat's)")
-    p.add_argument("--core-dir", default=None, help=f"where the bundle goes (default {DEFAULT_CORE})")
-    p.add_argument("--core-sha256", default=None, help="the archive's expected SHA-256 (default: the pinned one)")
-    _run_flags(sub.add_parser("train", help="train on prepared data, then evaluate"))
-    p = sub.add_parser("speedrun", help="prepare if missing, train under the budget, evaluate, print val_bpb")
-    _run_flags(p)
-    _prep_flags(p)
-    p.add_argument("--core", default=None, metavar="BUNDLE_DIR",
-                   help="also score the trained model on CORE (`prepare --core` fetches the bundle)")
-    p.add_argument("--core-max-per-task", type=int, default=None, metavar="N", help="score N items of each CORE task")
-    p = sub.add_parser("eval", help="score a checkpoint on the validation shard; with --core, on CORE too")
-    p.add_argument("checkpoint")
-    p.add_argument("--data", default=None)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--eval-tokens", type=int, default=None)
-    p.add_argument("--eval-seq-len", type=int, default=None)
-    p.add_argument("--official", action="store_true",
-                   help=f"the scorer's rows: the validation stream cut at stride T, {OFFICIAL_EVAL_TOKENS:,} tokens at "
-                        f"context {OFFICIAL_EVAL_SEQ_LEN} unless --eval-tokens / --eval-seq-len say otherwise")
-    p.add_argument("--core", nargs="?", const=DEFAULT_CORE, default=None, metavar="BUNDLE_DIR",
-                   help=f"also score CORE on this bundle (default {DEFAULT_CORE}; `prepare --core` fetches it)")
-    p.add_argument("--core-max-per-task", type=int, default=None, metavar="N", help="score N items of each CORE task")
-    p = sub.add_parser("sweep", help="run a grid of settings × seeds as budgeted trainings; table + plots; resumable")
-    _run_flags(p)
-    p.add_argument(
-        "--grid",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2",
-        help="values to sweep for one field (repeatable; 'recipe' too)",
-    )
-    p.add_argument(
-        "--random", type=int, default=None, metavar="N", help="run N points drawn from the grid instead of all"
-    )
-    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --random draw (keep it to resume)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="training seeds per setting (default 0)")
-    p.add_argument("--jobs", type=int, default=1, help="runs at the same time")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="threads per run (default: CPUs / jobs); runs are pinned to their cores",
-    )
-    p.add_argument("--reference", default=None, help="setting to report every other's Δ val_bpb against")
-    p = sub.add_parser("info", help="presets, parameter counts, FLOPs per token, tile check; "
-                                    "with --config: where each training setting comes from")
-    p.add_argument("--config", default=None)
-    p.add_argument("--recipe", default=None)
-    p.add_argument("--set", dest="sets", action="append", default=[])
-    p = sub.add_parser(
-        "export", help="write a competition submission: a self-contained train.py, launch.txt, README.md"
-    )
-    p.add_argument("--config", default="dense-124m", help="model preset baked into train.py (default dense-124m)")
-    p.add_argument("--recipe", default=None)
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--nproc", type=int, default=8,
-                   help="processes in the launch line: 8 (LNC 1, the default; see 60_recipe) or 4 (LNC 2); 1 allowed")
-    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG of the launch line: 1 (default) or 2")
-    p.add_argument("--fsdp", action="store_true",
-                   help="train.py shards parameters, gradients and optimizer state (FSDP2)")
-    p.add_argument("--nnodes", type=int, default=1,
-                   help="machines the launch line runs on, each with --nproc processes (c10d rendezvous)")
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="with --nnodes > 1: the first machine's address and a free port, in the launch line")
-    p.add_argument(
-        "--data", default=None, help="default --data of train.py (default: the kit's ~/.cache/autoresearch/data)"
-    )
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="default --tokenizer of train.py (default: DATA/tokenizer with --data, else the kit's)",
-    )
-    p.add_argument("--out", required=True, help="directory to write the submission into")
-    p.add_argument("--no-fit", dest="fit", action="store_false",
-                   help="keep the preset's per-rank batch even if its traced step does not fit one rank's HBM")
-    p = sub.add_parser("rehearse", help="run a submission's own train.py and kernels as trn2 would, on this CPU: "
-                                        "every kernel call at production shape in the simulator, memory per rank; "
-                                        "writes rehearsal.json; then its launch line beside a stand-in prepare.py")
-    p.add_argument("dir", help="the submission directory (train.py, nf_kernels/, launch.txt)")
-    p.add_argument("--nproc", type=int, default=None, help="ranks (default: the launch line's)")
-    p.add_argument("--lnc", type=int, default=None, help="NEURON_LOGICAL_NC_CONFIG (default: the launch line's)")
-    p.add_argument("--hbm-gib", type=float, default=None,
-                   help="HBM per rank in GiB (default: one logical core's, 12 or 24)")
-    p.add_argument("--out", default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)")
-    p.add_argument("--no-kit-run", action="store_true",
-                   help="skip running the launch line beside the stand-in prepare.py on this CPU (the kit run)")
-    p = sub.add_parser(
-        "check", help="check a submission against the competition's contract (exit 0 only if every row that applies "
-                      "passes)"
-    )
-    p.add_argument("dir", help="the submission directory (train.py, launch.txt)")
-    p.add_argument(
-        "--checkpoint",
-        default=None,
-        help="the checkpoint to probe (default: the kit run's out/final.pt, else DIR/out/final.pt, else (an export) "
-             "one from a 1-step run)",
-    )
-    p.add_argument("--data", default=None, help="validation data (default: the path baked into train.py)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the path baked into train.py)")
-    p.add_argument("--device", default="cpu", help="device to probe the model on (default cpu)")
-    p.add_argument(
-        "--tol",
-        type=float,
-        default=None,
-        help="causality and batch independence: max |Δlogit| <= TOL · max(1, max |logit|) (default 1e-4)",
-    )
-    p.add_argument("--no-kit-run", action="store_true",
-                   help="skip the kit run (the launch line beside the stand-in prepare.py, on this CPU)")
-    p = sub.add_parser("dashboard", help="web page over the runs: live runs, kernels (SBUF/PSUM), sweeps, judge tour")
-    p.add_argument("--runs", default="runs", help="directory of run directories (default runs)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; any other needs a token)")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--token", default=None, help="token for state-changing requests (default: generated)")
-    p.add_argument("--data", default=None, help="data directory runs started from the page train on")
-    p.add_argument(
-        "--kernels-report", default=None, help="JSON from `kernels-report` (default <runs>/kernels_report.json)"
-    )
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override for every run started from the page (repeatable; the page cannot change it)")
-    p = sub.add_parser(
-        "kernels-report", help="simulate every NKI kernel once; write the JSON the dashboard's kernels view shows"
-    )
-    p.add_argument("--config", default="dense-124m", help="preset whose shapes the kernels run at")
-    p.add_argument("--tokens", type=int, default=None, help="tokens per call (default: the preset's seq_len)")
-    p.add_argument("--out", default="runs/kernels_report.json")
-    p = sub.add_parser("plan", help="a Phase-2 preset from the scaling fit of our CPU runs: shape, batch, tokens, "
-                                    "step time (roofline estimate), memory per rank, the binding constraint")
-    p.add_argument("--budget", required=True, help="wall-clock budget: 4h, 30m, 90s or seconds")
-    p.add_argument("--chips", type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)")
-    p.add_argument("--out", default="runs/plan/preset.json", help="where the preset JSON goes")
-    p.add_argument("--fit", default=None, help="scaling results file (default nbs/results/scaling_fit.json) or "
-                                               "'chinchilla' for the published coefficients")
-    p.add_argument("--mfu", type=float, default=None, help="achieved MFU assumed (default plan.ASSUMED_MFU, 0.30)")
-    p.add_argument("--lnc", type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)")
-    p.add_argument("--startup", default="600s", help="start-up allowance taken off the budget (default 600s)")
-    p.add_argument("--data-tokens", type=float, default=None, help="unique training tokens (default plan.DATA_TOKENS, "
-                                                                      "4e11)")
+    for name, (help_line, groups) in COMMANDS.items(): add_flags(sub.add_parser(name, help=help_line), *groups)
     return ap
 
 # %% ../nbs/99_cli.ipynb #4050a2e3
@@ -269,6 +182,7 @@ def _prepare(a):
         own_tokenizer=a.train_tokenizer,
     )
 
+# %% ../nbs/99_cli.ipynb #d5baf4e6
 def _print_result(r: dict):
     keys = (
         "status",
@@ -291,6 +205,7 @@ def _print_result(r: dict):
         print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")
     print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
 
+# %% ../nbs/99_cli.ipynb #023baa71
 _EXIT = {"completed": 0, "diverged": 1, "crashed": 1, "interrupted": 130}
 LONG_RUN_S = 1800  # a `train` budget from which periodic checkpoints are on by default (--ckpt-every 600)
 
@@ -302,6 +217,7 @@ def ckpt_every(a) -> float | None:
     if a.ckpt_every is None: return 600.0 if a.cmd == "train" and a.steps is None and a.budget >= LONG_RUN_S else None
     return a.ckpt_every or None
 
+# %% ../nbs/99_cli.ipynb #9e1466c7
 def _check_machines(a):
     "One-line errors for --nnodes, --node-rank, --rdzv-endpoint and --fsdp before any process starts."
     rendezvous_flags(a.nnodes, a.rdzv_endpoint)   # a bad --nnodes or --rdzv-endpoint: one line
@@ -314,6 +230,7 @@ def _check_machines(a):
         raise UserError(f"--fsdp with --ep {a.ep}: not combined yet; --fsdp alone shards the experts too")
     if a.fsdp: a.sets = [*a.sets, "fsdp=true"]   # travels to the ranks as a --set
 
+# %% ../nbs/99_cli.ipynb #0e302997
 def torchrun_argv(a, out: Path) -> list[str]:
     "The `torchrun --standalone --nproc_per_node N` command line that runs `train` as `a` asks, in `a.nproc` processes."
     argv = [
@@ -344,6 +261,7 @@ def torchrun_argv(a, out: Path) -> list[str]:
     for s in a.sets: argv += ["--set", s]
     return argv + ["--resume"] * a.resume + ["--quiet"] * a.quiet
 
+# %% ../nbs/99_cli.ipynb #29708d53
 def _launch(a, out: Path) -> int:
     """Run `torchrun_argv` and wait; Ctrl-C and SIGTERM are passed on to torchrun (which stops the ranks). Exit code
     from result.json."""
@@ -359,6 +277,7 @@ def _launch(a, out: Path) -> int:
         return 0
     return rc or 1
 
+# %% ../nbs/99_cli.ipynb #453fd1a8
 def _check_ep(a):
     "One-line errors for `train --ep N` before any process starts; then `ep=N` travels to the ranks as a `--set`."
     from neuronfrontier.config import resolve
@@ -367,6 +286,7 @@ def _check_ep(a):
     except ValueError as e: raise UserError(str(e)) from None
     a.sets = [*a.sets, f"ep={a.ep}"]
 
+# %% ../nbs/99_cli.ipynb #f927cecb
 def _train(a) -> int:
     from neuronfrontier.clock import process_start_ns
     from neuronfrontier.distributed import env_world
@@ -403,6 +323,7 @@ def _train(a) -> int:
     print(f"val_bpb={r['val_bpb']:.4f}")
     return _EXIT[r["status"]]
 
+# %% ../nbs/99_cli.ipynb #378e3a97
 def _prepare_core(a) -> Path:
     "`prepare --core`: the CORE bundle into --core-dir (notebook `31_core`)."
     from neuronfrontier.core import prepare_core, CORE_URL, CORE_SHA256
@@ -411,6 +332,7 @@ def _prepare_core(a) -> Path:
         raise UserError(f"--core-sha256 {sha}: not a SHA-256 (64 hexadecimal digits)")
     return prepare_core(a.core_dir or DEFAULT_CORE, a.core_url or CORE_URL, sha or CORE_SHA256)
 
+# %% ../nbs/99_cli.ipynb #5e0132db
 def _eval(a) -> int:
     from neuronfrontier.data import find_shards, load_tokenizer, val_batches, stream_batches
     from neuronfrontier.clock import pick_device
@@ -448,6 +370,7 @@ def _eval(a) -> int:
     if a.core is not None: _print_core(model, enc, a, dev)
     return 0
 
+# %% ../nbs/99_cli.ipynb #d412e187
 def _check_core(a):
     "One-line errors for --core and --core-max-per-task before anything is trained or scored."
     if a.core_max_per_task is not None and a.core_max_per_task < 1:
@@ -460,6 +383,7 @@ def _check_core(a):
         raise UserError(f"--core-max-per-task {a.core_max_per_task}: the bundle has {shots}-shot tasks, whose prompts "
                         f"need at least {shots + 1} items; use {shots + 1} or more")
 
+# %% ../nbs/99_cli.ipynb #d0cc87fb
 def _print_core(model, enc, a, dev) -> dict:
     "CORE of `model` on the bundle `a.core`: the per-task table, then `core=...`; returns the scores."
     from neuronfrontier.core import evaluate_core, core_table
@@ -468,6 +392,7 @@ def _print_core(model, enc, a, dev) -> dict:
     print(f"core={res['core']:.4f}")
     return res
 
+# %% ../nbs/99_cli.ipynb #d755f9bd
 def _speedrun_core(a):
     "`speedrun --core`: the trained final.pt scored on CORE, its table after the run's, its scores in result.json."
     from neuronfrontier.checkpoint import load_for_eval
@@ -482,6 +407,7 @@ def _speedrun_core(a):
     result |= {"core": res["core"], "core_tasks": res["tasks"], "core_bundle": str(a.core)}
     (out / "result.json").write_text(json.dumps(result, indent=2))
 
+# %% ../nbs/99_cli.ipynb #d75d70fa
 def _sweep(a) -> int:
     from neuronfrontier.sweep import parse_grid, grid_settings, run_sweep
 
@@ -515,9 +441,10 @@ def _sweep(a) -> int:
     )
     return 1 if failures else 0
 
+# %% ../nbs/99_cli.ipynb #715a9932
 def _export(a) -> int:
     from neuronfrontier.submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR
-    from neuronfrontier.bundler import export
+    from neuronfrontier.shipping import export
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
     sets = [*a.sets, "fsdp=true"] if a.fsdp else a.sets
@@ -532,6 +459,7 @@ def _export(a) -> int:
     )
     return 0
 
+# %% ../nbs/99_cli.ipynb #0f026e1d
 def _rehearse(a) -> int:
     from neuronfrontier.submission import ALLOWED_LNC
     import tempfile
@@ -570,6 +498,7 @@ def _rehearse(a) -> int:
         print(f"kit run {'passed' if ran is True else 'n/a' if ran == NA else 'FAILED'}: {why.removeprefix('n/a: ')}")
     return 0 if rep["passed"] and ran is not False else 1
 
+# %% ../nbs/99_cli.ipynb #ba60e5bf
 def _check(a) -> int:
     from neuronfrontier.contract import check, check_table, check_passed, CHECK_TOL
     rows = check(a.dir, a.checkpoint, a.data, a.tokenizer, a.device, CHECK_TOL if a.tol is None else a.tol,
@@ -577,8 +506,9 @@ def _check(a) -> int:
     print(check_table(rows))
     return 0 if check_passed(rows) else 1
 
+# %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
-    from neuronfrontier.config import CONFIGS, resolve, recipe_names, setting_sources
+    from neuronfrontier.config import CONFIGS, TrainConfig, resolve, recipe_names, setting_sources
     names = [a.config] if a.config else list(CONFIGS)
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
           f"layers x d_model (heads x d_head), MLP, seq  tiles")
@@ -598,10 +528,16 @@ def _info(a) -> int:
         )
     if a.config:   # one preset: where each of its training settings comes from
         recipes = " + ".join(recipe_names(a.config, a.recipe)) or "none"
-        print(f"\nrecipe: {recipes}; training settings and their sources:")
-        for k, v, src in setting_sources(a.config, a.recipe, a.sets): print(f"  {k:20s} {v!s:>14}  {src}")
+        print(f"\nrecipe: {recipes}; training settings by group, and their sources:")
+        group = None
+        for k, v, src in setting_sources(a.config, a.recipe, a.sets):
+            if TrainConfig._owner[k] != group:   # a heading for each group of settings
+                group = TrainConfig._owner[k]
+                print(f" {group}:")
+            print(f"  {k:20s} {v!s:>14}  {src}")
     return 0
 
+# %% ../nbs/99_cli.ipynb #11dc670e
 def _dashboard(a) -> int:
     try:
         import fastapi, uvicorn  # noqa: F401
@@ -615,6 +551,7 @@ def _dashboard(a) -> int:
     serve(a.runs, a.host, a.port, a.token, _data_dir(a), a.kernels_report, sets=a.sets)
     return 0
 
+# %% ../nbs/99_cli.ipynb #c7ad5013
 def _kernels_report(a) -> int:
     from neuronfrontier.dashboard import kernels_report
     if a.tokens is not None and a.tokens <= 0: raise UserError(f"--tokens {a.tokens}: must be > 0")
@@ -633,6 +570,7 @@ def _kernels_report(a) -> int:
     print(f"wrote {out}")
     return 0
 
+# %% ../nbs/99_cli.ipynb #a4e4e4c6
 def main(argv=None) -> int:
     "Console entry point; returns the exit code (2 for user errors, printed as one line on stderr)."
     try:

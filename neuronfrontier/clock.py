@@ -27,6 +27,7 @@ def pick_device(name: str | None = None) -> torch.device:
         raise ValueError("--device neuron: torch-neuronx is not installed or sees no NeuronCore; use --device cpu")
     return torch.device(name)
 
+# %% ../nbs/26_clock.ipynb #f45126b8
 def hw_name(device: torch.device) -> str:
     "The `neuronfrontier.hw` entry whose peak FLOP/s the MFU of one process on `device` is measured against."
     if device.type == "neuron": return {1: "trn2-core", 2: "trn2-lnc2"}[hw.logical_cores()]   # the LNC
@@ -35,6 +36,7 @@ def hw_name(device: torch.device) -> str:
         return "h100" if "h100" in n else "h200"
     return "cpu"
 
+# %% ../nbs/26_clock.ipynb #a4dbefe7
 def synchronize(device: torch.device):
     """Wait until `device` has finished the work queued on it (CUDA, Neuron: both queue asynchronously); a no-op on the
     CPU."""
@@ -72,6 +74,7 @@ def process_start_ns() -> int:
         return now - int(max(0.0, age_s) * 1e9)
     except (OSError, ValueError, IndexError, AttributeError): return now
 
+# %% ../nbs/26_clock.ipynb #58dd2470
 class Clock:
     """Charged nanoseconds of a run: `charged` mode counts training steps only; `wall` counts from `t0_ns` on, less up
     to `startup_allowance_s`; `competition` as `wall` once `excluded_steps` steps are done, nothing before."""

@@ -5,13 +5,16 @@
 # %% ../nbs/01_config.ipynb #b645d86d
 from __future__ import annotations
 import re
-from dataclasses import dataclass, fields, asdict, replace
+from dataclasses import dataclass, field, fields, replace, MISSING
 
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
            'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
-           'RECIPE_SOURCES', 'pad_to', 'ModelConfig', 'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides',
-           'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict', 'setting_sources']
+           'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'ShapeSettings', 'ArchSettings', 'MoESettings',
+           'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings', 'ExecutionSettings',
+           'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train', 'rank_batch',
+           'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
+           'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -21,28 +24,84 @@ def pad_to(n: int, multiple: int = TILE) -> int:
     "Round `n` up to a multiple of `multiple`."
     return -(-n // multiple) * multiple
 
+# %% ../nbs/01_config.ipynb #b1d79f96
 def _nearest_aligned(v: int, multiple: int = TILE) -> str:
     lo, hi = (v // multiple) * multiple, pad_to(v, multiple)
     return f"{lo} or {hi}" if lo and lo != hi else f"{hi}"
+
+# %% ../nbs/01_config.ipynb #8cc2beb5
+def _group_property(group: str, name: str) -> property:
+    "A property of the whole that reads and writes `name` in its group."
+    return property(lambda self: getattr(getattr(self, group), name),
+                    lambda self, v: setattr(getattr(self, group), name, v), doc=f"`{group}.{name}`")
+
+# %% ../nbs/01_config.ipynb #54419234
+def _grouped_init(self, *args, **kw):
+    """Fields by position or name; a group from an instance (copied) or a dict, with its settings named singly
+    on top."""
+    cls, fs = type(self), fields(type(self))
+    if len(args) > len(fs): raise TypeError(f"{cls.__name__}() takes {len(fs)} positional arguments")
+    for f, a in zip(fs, args): kw[f.name] = a
+    for f in fs:
+        kind = cls._group_types.get(f.name)
+        if kind is not None:
+            own = {g.name: kw.pop(g.name) for g in fields(kind) if g.name in kw}   # its settings named singly
+            given = kw.pop(f.name, None)
+            if isinstance(given, dict): given = kind(**given)
+            v = kind(**own) if given is None else replace(given, **own)   # a copy: never a group shared
+        elif f.name in kw: v = kw.pop(f.name)
+        elif f.default is not MISSING: v = f.default
+        elif f.default_factory is not MISSING: v = f.default_factory()
+        else: raise TypeError(f"{cls.__name__}() is missing its {f.name!r}")
+        object.__setattr__(self, f.name, v)
+    if kw: raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {next(iter(kw))!r}")
+
+# %% ../nbs/01_config.ipynb #58dae6eb
+def grouped(**types):
+    """Class decorator, over `@dataclass(init=False)`, for a class whose fields include groups: `types` names each
+    group field's dataclass. Each setting of a group becomes a property of the whole, the constructor takes settings
+    by name as well as whole groups, and `flat()` lists every setting."""
+    def wrap(cls):
+        cls._group_types, cls._owner = types, {}
+        for g in types:
+            for f in fields(types[g]):
+                if f.name in cls._owner or hasattr(cls, f.name):
+                    raise TypeError(f"{cls.__name__}: setting {f.name!r} is not unique across the groups")
+                cls._owner[f.name] = g
+                setattr(cls, f.name, _group_property(g, f.name))
+        cls.__init__ = _grouped_init
+        cls.flat = lambda self: {k: getattr(self, k) for k in self._owner}
+        return cls
+    return wrap
+
+# %% ../nbs/01_config.ipynb #e802d9fb
+def setting_fields(cls) -> dict:
+    "Every setting of a grouped config: name -> its dataclass `Field`, in group order."
+    return {f.name: f for kind in cls._group_types.values() for f in fields(kind)}
 
 # %% ../nbs/01_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")
 _INITS, _TABLE_DTYPES = ("normal", "uniform"), ("fp32", "bf16")
 
 @dataclass
-class ModelConfig:
-    "Shape and architecture switches of the GPT. Every width is a multiple of 128 (see `validate`)."
+class ShapeSettings:
+    "The model's shape: every width a multiple of 128 (see `ModelConfig.validate`)."
     vocab_size: int = 8192     # tokenizer vocabulary (the embedding/head use `padded_vocab`)
-    d_model: int = 768
-    n_layers: int = 12
-    n_heads: int = 12
+    d_model: int = 768         # width of the residual stream
+    n_layers: int = 12         # transformer blocks
+    n_heads: int = 12          # attention heads per block
     d_head: int = 64           # 64 or 128; n_heads*d_head is the attention width
     d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
     seq_len: int = 1024        # training context length: at least the length the model is scored at
+
+# %% ../nbs/01_config.ipynb #461fc8e0
+@dataclass
+class ArchSettings:
+    "Architecture switches of the blocks, the embeddings and the head (the kit's lineage: see below)."
     qk_norm: bool = True       # RMSNorm on q and k per head
     softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-6
+    rope_base: float = 10000.0 # RoPE's base θ: the longest wavelength grows with it
+    norm_eps: float = 1e-6     # ε inside every RMSNorm's square root
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
     ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
@@ -53,7 +112,11 @@ class ModelConfig:
                                # the last layer always sees the whole context (the kit: 'SSSL')
     init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
     embed_dtype: str = "fp32"  # 'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: bf16)
-    # mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense SwiGLU MLP
+
+# %% ../nbs/01_config.ipynb #a44382b5
+@dataclass
+class MoESettings:
+    "Mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense MLP."
     n_experts: int = 0                    # routed experts in each MoE layer
     top_k: int = 2                        # experts each token is routed to
     d_expert: int = 512                   # SwiGLU hidden width of one expert (routed or shared)
@@ -65,6 +128,16 @@ class ModelConfig:
     z_loss_coef: float = 0.001            # weight of the router z-loss (ST-MoE); 0 disables
     bias_update_rate: float = 0.001       # step of the per-expert bias (balance='bias')
     moe_layers: str = "all"               # which layers are MoE: 'all', 'k:' (layer k onward) or 'i,j,...'
+
+# %% ../nbs/01_config.ipynb #833eb409
+@grouped(shape=ShapeSettings, arch=ArchSettings, moe=MoESettings)
+@dataclass(init=False)
+class ModelConfig:
+    """The GPT: its shape, architecture switches and experts; any setting by its name too (`cfg.d_model` is
+    `cfg.shape.d_model`). Every width is a multiple of 128 (see `validate`)."""
+    shape: ShapeSettings = field(default_factory=ShapeSettings)
+    arch: ArchSettings = field(default_factory=ArchSettings)
+    moe: MoESettings = field(default_factory=MoESettings)
 
     @property
     def padded_vocab(self) -> int: return pad_to(self.vocab_size)
@@ -186,18 +259,39 @@ class ModelConfig:
 
 # %% ../nbs/01_config.ipynb #5a66bae5
 @dataclass
-class TrainConfig:
-    "Optimisation and run settings; every field can be overridden with `--set key=value`."
+class BatchSettings:
+    "What one optimizer step reads, and how the rows reach it."
     batch_size: int = 16        # sequences per micro-batch (per rank)
     grad_accum: int = 1         # micro-batches per optimizer step
     global_batch_tokens: int = 0  # tokens per optimizer step over all ranks; > 0: batch_size is the largest
                                   # micro-batch and grad_accum follows from the world size (`rank_batch`);
                                   # 0: batch_size × grad_accum rows on every rank, whatever their number
+    prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
+    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
+                                  # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
+
+# %% ../nbs/01_config.ipynb #4c8255ad
+@dataclass
+class OptimizerSettings:
+    "Which optimizer, AdamW's rates and moments (everything but Muon's matrices), decay and clipping."
     optim: str = "muon"         # 'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'
     lr: float = 3e-3            # AdamW lr for block weights (when optim='adamw')
     embed_lr: float = 3e-3      # AdamW lr for the token embedding
     head_lr: float = 3e-3       # AdamW lr for the head
     scalar_lr: float = 3e-3     # AdamW lr for norm weights and other 1D parameters
+    lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
+    beta1: float = 0.9          # AdamW's first-moment decay
+    beta2: float = 0.95         # AdamW's second-moment decay
+    adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
+    resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
+    x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
+    weight_decay: float = 0.0   # decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')
+    grad_clip: float = 1.0      # 0 disables
+
+# %% ../nbs/01_config.ipynb #cadbb3b1
+@dataclass
+class MuonSettings:
+    "Muon, for the 2D block weights (optim='muon'): its rate, momentum ramp and orthogonalisation."
     muon_lr: float = 0.025      # Muon lr for 2D block weights (when optim='muon')
     muon_momentum: float = 0.95         # Muon momentum after its warm-up
     muon_momentum_start: float = 0.85   # ... rising linearly from this value
@@ -207,42 +301,70 @@ class TrainConfig:
     muon_ema: bool = False      # Nesterov in the EMA form buf ← lerp(buf, g, 1−μ), u ← lerp(g, buf, μ) (the kit)
     ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
     normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
-    weight_decay: float = 0.0
     cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
-    lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
-    resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
-    x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
-    grad_clip: float = 1.0      # 0 disables
+
+# %% ../nbs/01_config.ipynb #b2e6c2a2
+@dataclass
+class ScheduleSettings:
+    "The learning-rate schedule, a function of the elapsed fraction of the budget."
     schedule: str = "wsd"       # 'wsd' (warmup-stable-decay) or 'cosine'
-    warmup_frac: float = 0.02
-    cooldown_frac: float = 0.4
-    final_lr_frac: float = 0.0
+    warmup_frac: float = 0.02   # share of the budget the rate ramps up over, linearly from 0
+    cooldown_frac: float = 0.4  # last share of the budget the rate decays over (wsd)
+    final_lr_frac: float = 0.0  # the rate at the end, as a fraction of its peak
+
+# %% ../nbs/01_config.ipynb #56d5770e
+@dataclass
+class ExecutionSettings:
+    "How the step runs on the device: kernels, precision, compilation, sharding."
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
     dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 02_precision),
                                 # 'bf16' (autocast forward and backward) or 'fp32'
     compile: bool | None = None  # torch.compile the loss path (during the warm-up); None: on Neuron only
-    charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
-    eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
-    eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
-    eval_batch_size: int = 8
-    eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
-    log_every: int = 10
-    prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
+    preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
     ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
     fsdp: bool = False          # FSDP2 (`train --fsdp`): parameters, gradients, optimizer state sharded over the ranks
-    # robustness (notebook 30_train): a run that never loses its checkpoint
-    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
-                                  # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
-    preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
-    preflight_frac: float = 0.05  # share of the budget the preflight may take (at least 30 s)
+
+# %% ../nbs/01_config.ipynb #00339893
+@dataclass
+class ClockSettings:
+    "What the budget is charged for, and the shares of it the start-up may take."
+    charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
     compile_frac: float = 0.25    # share of the budget compilation may take (compile=true); past it: eager
+    preflight_frac: float = 0.05  # share of the budget the preflight may take (at least 30 s)
+
+# %% ../nbs/01_config.ipynb #bea51eb8
+@dataclass
+class EvalSettings:
+    "The fixed evaluation at the end of a run, and how often the loss is logged."
+    eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
+    eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
+    eval_batch_size: int = 8    # rows per evaluation forward
+    eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
+    log_every: int = 10         # steps between logged (synchronised) losses
+
+# %% ../nbs/01_config.ipynb #aaf5a0b8
+@dataclass
+class ResilienceSettings:
+    "A run that never loses its checkpoint (notebook 30_train): snapshots and rollbacks."
     snapshot_every: int = 50      # steps between host copies of the last finite weights and optimizer state (0: none)
     max_rollbacks: int = 3        # rollbacks to the last finite state before the run stops with it
     rollback_lr_factor: float = 0.5  # learning rate multiplied by this at each rollback
     explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
+
+# %% ../nbs/01_config.ipynb #2d34b42a
+@grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
+         execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings, resilience=ResilienceSettings)
+@dataclass(init=False)
+class TrainConfig:
+    "Optimisation and run settings, by concern; every setting can be overridden by its name with `--set key=value`."
+    batch: BatchSettings = field(default_factory=BatchSettings)
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
+    muon: MuonSettings = field(default_factory=MuonSettings)
+    lr_schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    execution: ExecutionSettings = field(default_factory=ExecutionSettings)
+    clock: ClockSettings = field(default_factory=ClockSettings)
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
+    resilience: ResilienceSettings = field(default_factory=ResilienceSettings)
 
 # %% ../nbs/01_config.ipynb #25bbe938
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
@@ -348,10 +470,11 @@ def _parse_value(key: str, raw: str, typ):
     except ValueError:
         raise ValueError(f"--set {key}={raw}: expected a value of type {t.__name__}") from None
 
+# %% ../nbs/01_config.ipynb #75fb6448
 def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[ModelConfig, TrainConfig]:
     "Apply `key=value` strings to copies of `model` and `train`; model fields win on a (non-existent) clash."
     m, t = replace(model), replace(train)
-    mf, tf = {f.name: f for f in fields(ModelConfig)}, {f.name: f for f in fields(TrainConfig)}
+    mf, tf = setting_fields(ModelConfig), setting_fields(TrainConfig)
     for s in sets or ():
         if "=" not in s: raise ValueError(f"--set {s!r}: expected key=value, e.g. --set d_model=512")
         k, v = (x.strip() for x in s.split("=", 1))
@@ -386,13 +509,18 @@ RECIPES: dict[str, list[str]] = {
     "frontier": ["optim=muon", "schedule=wsd", "qk_norm=true"],
     "kit-eval": ["seq_len=2048", "eval_seq_len=2048", f"eval_tokens={40 * 524288}"],
     # the competition kit's baseline (karpathy/autoresearch train.py): its model, optimizer and schedule
-    "kit": ["mlp=relu2", "value_embeds=true", "ve_gate_channels=32", "layer_scalars=true", "norm_gains=false",
-            "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=SSSL", "init=uniform", "embed_dtype=bf16",
-            "optim=muon", "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "weight_decay=0.2",
-            "muon_lr=0.04", "muon_momentum_start=0.85", "muon_momentum=0.95", "muon_momentum_steps=300",
-            "muon_ema=true", "embed_lr=0.6", "head_lr=0.004", "scalar_lr=0.5", "resid_lr_scale=0.01", "x0_beta1=0.96",
-            "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10", "grad_clip=0", "schedule=wsd",
-            "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
+    "kit": [
+        # arch: the model's switches
+        "mlp=relu2", "value_embeds=true", "ve_gate_channels=32", "layer_scalars=true", "norm_gains=false",
+        "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=SSSL", "init=uniform", "embed_dtype=bf16",
+        # optimizer: AdamW for embeddings, head and scalars
+        "optim=muon", "weight_decay=0.2", "embed_lr=0.6", "head_lr=0.004", "scalar_lr=0.5", "resid_lr_scale=0.01",
+        "x0_beta1=0.96", "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10", "grad_clip=0",
+        # muon: the block matrices
+        "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "muon_lr=0.04", "muon_momentum_start=0.85",
+        "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true",
+        # lr_schedule
+        "schedule=wsd", "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
 }
 
 # shapes a recipe derives from the preset's width, unless `--set` names them (the kit: heads of 128, an MLP of 4·d)
@@ -412,6 +540,7 @@ def recipe_names(config: str, recipe: str | None = None) -> list[str]:
     if config in DEFAULT_RECIPE and not any(r in BASE_RECIPES for r in names): names.insert(0, DEFAULT_RECIPE[config])
     return names
 
+# %% ../nbs/01_config.ipynb #c717a6e3
 def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfig, TrainConfig]:
     "Preset `config` + recipe(s) (comma-separated; default: the preset's) + `--set` overrides → validated configs."
     if config not in CONFIGS:
@@ -433,9 +562,10 @@ def resolve(config: str, recipe: str | None = None, sets=()) -> tuple[ModelConfi
         )
     return m, t
 
+# %% ../nbs/01_config.ipynb #68e8e11d
 def config_dict(m: ModelConfig, t: TrainConfig) -> dict:
     "JSON-able record of a run's configuration."
-    return {"model": asdict(m), "train": asdict(t)}
+    return {"model": m.flat(), "train": t.flat()}
 
 # %% ../nbs/01_config.ipynb #d88e1111
 KIT_SOURCE = "kit: karpathy/autoresearch train.py, tuned at d_model 768 by its authors"
@@ -526,8 +656,7 @@ def setting_sources(config: str, recipe: str | None = None, sets=()) -> list[tup
         for kv in RECIPES[r]: by_recipe[kv.split("=", 1)[0].strip()] = r
     base, preset = TrainConfig(), TRAIN_DEFAULTS[config]
     rows = []
-    for f in fields(TrainConfig):
-        k = f.name
+    for k in setting_fields(TrainConfig):
         if k in named: src = "yours: --set"
         elif k in by_recipe:
             r = by_recipe[k]

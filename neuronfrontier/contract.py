@@ -64,6 +64,7 @@ def _probe_load(train_py: str, row):
     row("load_for_eval", True, f"load_for_eval{inspect.signature(f)}")
     return f
 
+# %% ../nbs/97_contract.ipynb #45787991
 def _probe_model(f, checkpoint: str, dev, row):
     "The model `f` (load_for_eval) returns, after the rows on it: eval mode on `dev`, no hooks; None if it has none."
     import torch
@@ -87,6 +88,7 @@ def _probe_model(f, checkpoint: str, dev, row):
     row("no hooks", not hooks, "none" if not hooks else f"hooks on {', '.join(hooks[:3])}")
     return model
 
+# %% ../nbs/97_contract.ipynb #cdb9e215
 def _probe_logits(model, batch_file: str, dev, tol: float, row) -> bool:
     """The rows on the logits of a validation batch: finite, causal, batch independent (each first shows it can see
     what it tests). False when the model could not be run on the batch."""
@@ -146,6 +148,7 @@ def _probe_logits(model, batch_file: str, dev, tol: float, row) -> bool:
         f"{seen:.2e})")
     return True
 
+# %% ../nbs/97_contract.ipynb #7da61e3b
 def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: str):
     """Run in a fresh interpreter by `check` (the source of the `_probe*` functions is sent with `python -c`): load
     train.py with neuronfrontier blocked, probe the model, print the rows as JSON."""
@@ -178,6 +181,7 @@ def _baked(src: str, name: str, default=None):
             except ValueError: return default
     return default
 
+# %% ../nbs/97_contract.ipynb #8adca15a
 def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
     "Train the submission for one step (an export's `--steps`/`--out`/`--set` flags) to get a checkpoint to probe."
     # one row of 256 tokens: the probes need a checkpoint whose model uses its context, not the preset's batch (a 124M
@@ -194,6 +198,7 @@ def _smoke_checkpoint(d: Path, tmp: Path, data, tokenizer, device: str) -> Path:
         raise RuntimeError(f"a 1-step run of train.py made no checkpoint ({last[:200]}); pass --checkpoint")
     return tmp / "final.pt"
 
+# %% ../nbs/97_contract.ipynb #12e4e858
 def launch_shape(line: str) -> tuple[int, int]:
     "(ranks, lnc) of a launch line `check_launch` accepted: `--nproc_per_node` on each of its `--nnodes` machines."
     nnodes = re.search(r"--nnodes=(\d+)", line)
@@ -225,6 +230,7 @@ def _parses(src: str) -> bool:
     except SyntaxError: return False
     return True
 
+# %% ../nbs/97_contract.ipynb #86567f09
 def _imports_kit(src: str) -> bool:
     "Whether train.py imports the organisers' prepare.py (`import prepare` or `from prepare import ...`) anywhere."
     for n in ast.walk(ast.parse(src)):
@@ -232,6 +238,7 @@ def _imports_kit(src: str) -> bool:
         if isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == KIT_MODULE: return True
     return False
 
+# %% ../nbs/97_contract.ipynb #b24eb784
 def _too_slow(src: str, ranks: int) -> str:
     "Why an export's launch-line run is too slow for this CPU ('' when it is not): a rank's step FLOPs, estimated."
     from neuronfrontier.config import resolve, rank_batch
@@ -244,6 +251,7 @@ def _too_slow(src: str, ranks: int) -> str:
     return (f"n/a: a rank's step of {config} is {flops / 1e12:.0f} TFLOP ({tokens:,} tokens at {ranks} ranks; "
             f"estimate: FLOPs a token × tokens), minutes each on this CPU; the rehearsal traces it at trn2's shapes")
 
+# %% ../nbs/97_contract.ipynb #fee74cbc
 def _kit_site(d: Path, work: Path, data: Path, tokenizer: Path) -> dict:
     """Lay out the organisers' machine under `work`: sub/ (a copy of the submission without out/, our stand-in as
     prepare.py beside train.py) and cache/ (the data's shards and the tokenizer, linked); return the run's
@@ -305,6 +313,7 @@ def _last_error(stderr: str) -> str:
     if m: return f"rank {m[1]} exited with code {m[2]}{' ' + m[3] if m[3] else ''}"
     return (lines or ["no output"])[-1][:200]
 
+# %% ../nbs/97_contract.ipynb #41f81ab2
 def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | None]:
     """Run the submission in `sub_dir` as the organisers do, in the scratch directory `work`: the stand-in prepare.py
     beside train.py, the launch line with no flags. Returns (passed, or NA; why; the out/final.pt it wrote or None)."""
@@ -353,6 +362,7 @@ def _file_rows(d: Path) -> list:
              f"largest file {size:,} bytes{' <' if size < MAX_FILE_BYTES else ' >='} {MAX_FILE_BYTES:,} "
              f"(the portal refused files of that size)")]
 
+# %% ../nbs/97_contract.ipynb #54e245ee
 def _rehearsal_row(d: Path, line: str, ours: tuple[bool, str]) -> tuple[bool | str, str]:
     "The rehearsal row: `rehearsal.rehearse` at the launch line's shape (writes d/rehearsal.json); n/a if not ours."
     from neuronfrontier.rehearsal import rehearse
@@ -369,6 +379,7 @@ def kit_paths(sub_dir, data=None, tokenizer=None) -> tuple[Path, Path]:
     return (Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve(),
             Path(tokenizer or _baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser().resolve())
 
+# %% ../nbs/97_contract.ipynb #66f879c9
 def _probe_rows(site: Path, ck: Path, batch: Path, device: str, tol: float, env: dict) -> list:
     """The model rows: `_probe` in a fresh interpreter (neuronfrontier blocked) on `load_for_eval(ck)`, run in `site`
     (a copy of the submission with the stand-in prepare.py beside it, as the scorer finds train.py)."""
@@ -382,6 +393,7 @@ def _probe_rows(site: Path, ck: Path, batch: Path, device: str, tol: float, env:
         raise RuntimeError(f"the probe failed: {(r.stderr.strip().splitlines() or ['no output'])[-1][:200]}")
     return [tuple(x) for x in json.loads(out[-1])]
 
+# %% ../nbs/97_contract.ipynb #c9ea83c1
 def _checkpoint(d: Path, checkpoint, from_kit, ours: bool, smoke) -> Path:
     "The checkpoint the probes load: --checkpoint, the kit run's, DIR/out/final.pt, else (an export) a 1-step run's."
     if checkpoint:
@@ -443,6 +455,7 @@ def check_passed(rows) -> bool:
     "Whether the submission may be spent: every row that applies passed (a probe that could not see is not a pass)."
     return all(ok is True or ok == NA for _, ok, _ in rows)
 
+# %% ../nbs/97_contract.ipynb #6ce10c69
 def check_table(rows) -> str:
     "The contract rows as a text table; the last line says whether the submission may be spent."
     w = max(len(r[0]) for r in rows)

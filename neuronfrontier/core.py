@@ -91,6 +91,7 @@ def _baselines(path: Path, fix: str) -> dict[str, float]:
     if bad: raise CoreError(f"{path}: the baseline of {bad[0]} is {out[bad[0]]}, outside [0, 100); {fix}")
     return out
 
+# %% ../nbs/31_core.ipynb #1745f712
 def _task(raw, i: int, d: Path, baselines: dict, fix: str) -> CoreTask:
     "Task `i` of `core.yaml`, checked."
     where = f"{d / 'core.yaml'}: task {i + 1}"
@@ -106,6 +107,7 @@ def _task(raw, i: int, d: Path, baselines: dict, fix: str) -> CoreTask:
     if label not in baselines: raise CoreError(f"{d / 'eval_meta_data.csv'} has no baseline for task {label}; {fix}")
     return CoreTask(label, kind, path, shots, str(raw.get("continuation_delimiter", " ")), baselines[label])
 
+# %% ../nbs/31_core.ipynb #bead4ca8
 def load_bundle(bundle_dir) -> list[CoreTask]:
     """The tasks of a CORE bundle directory (`core.yaml`, `eval_meta_data.csv`, `eval_data/`), in `core.yaml`'s order,
     each checked: a known type, a few-shot count, its data file and a random baseline."""
@@ -178,6 +180,7 @@ def encode_prompts(enc: tiktoken.Encoding, prompts: list[str]) -> list[list[int]
     bos = bos_id(enc)
     return [[bos] + enc.encode_ordinary(p) for p in prompts]
 
+# %% ../nbs/31_core.ipynb #f2541b7f
 def _shared(seqs, from_end: bool = False) -> int:
     "The length of the prefix (or suffix) that all of `seqs` share."
     n = min(len(s) for s in seqs)
@@ -186,6 +189,7 @@ def _shared(seqs, from_end: bool = False) -> int:
         if any(s[j] != seqs[0][j] for s in seqs): return i
     return n
 
+# %% ../nbs/31_core.ipynb #0fb76833
 def continuation_spans(tokens: list[list[int]], task_type: str) -> tuple[list[list[int]], list[tuple[int, int]]]:
     """The sequences to run and the scored tokens `[start, end)` of each: multiple_choice, those after the prefix all
     share; schema, the suffix all share; language_modeling, the continuation (one sequence: the one with it)."""
@@ -220,6 +224,7 @@ def _batch(tokens: list[list[int]], pad: int, device) -> torch.Tensor:
     for i, t in enumerate(tokens): ids[i, :len(t)] = torch.tensor(t, dtype=torch.long)
     return ids.to(device)
 
+# %% ../nbs/31_core.ipynb #f43e4039
 @torch.no_grad()
 def mean_losses(model, tokens: list[list[int]], spans: list[tuple[int, int]], pad: int, device) -> list[float]:
     "Each sequence's mean next-token cross-entropy (nats) over its span `[s, e)`, from one forward of the batch."
@@ -229,6 +234,7 @@ def mean_losses(model, tokens: list[list[int]], spans: list[tuple[int, int]], pa
     losses = F.cross_entropy(logits.reshape(B * T, V), ids.roll(-1, 1).reshape(B * T), reduction="none").view(B, T)
     return [losses[i, s - 1:e - 1].mean().item() for i, (s, e) in enumerate(spans)]
 
+# %% ../nbs/31_core.ipynb #c2fb84b2
 @torch.no_grad()
 def predicts_continuation(model, tokens: list[list[int]], spans: list[tuple[int, int]], pad: int, device) -> bool:
     "Whether every token of the (one) sequence's span is the model's argmax prediction from the tokens before it."
@@ -266,6 +272,7 @@ def evaluate_item(model, enc: tiktoken.Encoding, data: list[dict], idx: int, tas
     losses = mean_losses(model, tokens, spans, bos_id(enc), device)
     return losses.index(min(losses)) == item["gold"]
 
+# %% ../nbs/31_core.ipynb #f9a5fc27
 def evaluate_task(model, enc: tiktoken.Encoding, data: list[dict], task: CoreTask, device,
                   max_len: int | None = None) -> float:
     "The share of `data`'s items that `model` answers right."
@@ -303,6 +310,7 @@ def evaluate_core(model, enc: tiktoken.Encoding, bundle_dir, device, max_per_tas
         if was_training: model.train()
     return {"tasks": out, "core": sum(r["centered"] for r in out.values()) / len(out)}
 
+# %% ../nbs/31_core.ipynb #773dfbc8
 def core_table(res: dict) -> str:
     "The per-task table of `evaluate_core`'s result, CORE on the last line."
     rows = [f"{'task':<34} {'type':<18} {'shots':>5} {'items':>6} {'accuracy':>8} {'centered':>8}"]
@@ -316,10 +324,12 @@ def _source_path(url: str) -> Path | None:
     if url.startswith("file://"): return Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
     return None if "://" in url else Path(url).expanduser()
 
+# %% ../nbs/31_core.ipynb #d0520127
 def _zip_archive(path: Path):
     "Raise unless `path` is a zip archive (what `_fetch` downloaded is then discarded and fetched again)."
     if not zipfile.is_zipfile(path): raise OSError("what arrived is not a zip archive")
 
+# %% ../nbs/31_core.ipynb #6a008990
 def _unpack(archive: Path, dest: Path):
     "Unpack a bundle archive into `dest` (absent or empty), whole or not at all: checked by `load_bundle` first."
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -338,6 +348,7 @@ def _unpack(archive: Path, dest: Path):
         if dest.exists(): dest.rmdir()
         os.replace(roots[0], dest)
 
+# %% ../nbs/31_core.ipynb #3ded3917
 def prepare_core(dest_dir, url: str = CORE_URL, sha256: str | None = CORE_SHA256, retries: int = 5, log=print,
                  backoff: float = 1.0) -> Path:
     """Make `dest_dir` a CORE bundle: download `url` (or read a local path or file:// URL) with `retries` attempts,

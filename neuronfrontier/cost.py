@@ -50,6 +50,7 @@ class Work:
     @property
     def hbm_bytes(self): return self.hbm_read_bytes + self.hbm_write_bytes
 
+# %% ../nbs/21_cost.ipynb #37017ce9
 def matmul_work(M, K, N, itemsize=2) -> Work:
     """C[M, N] = A[M, K] B[K, N] at full TensorEngine occupancy: ⌈M/128⌉·⌈K/128⌉ stationary tiles, each streaming N
     moving columns (one per cycle; four in fp32); A and B read and C written once, all of `itemsize` bytes."""
@@ -57,11 +58,13 @@ def matmul_work(M, K, N, itemsize=2) -> Work:
     return Work(pe_cycles=tiles * N * (4 if itemsize == 4 else 1), tensor_flops=2 * M * K * N,
                 hbm_read_bytes=(M * K + K * N) * itemsize, hbm_write_bytes=M * N * itemsize)
 
+# %% ../nbs/21_cost.ipynb #cc0ed616
 def elementwise_work(n, reads=1, writes=1, itemsize=2, ops=1) -> Work:
     """One pass over `n` elements: `reads` tensors read and `writes` written once (HBM), `ops` Vector-engine operations
     per element."""
     return Work(vector_elems=n * ops, hbm_read_bytes=n * reads * itemsize, hbm_write_bytes=n * writes * itemsize)
 
+# %% ../nbs/21_cost.ipynb #698ecc72
 def collective_work(nbytes, world, kind='all_reduce', itemsize=4) -> Work:
     """Per-core HBM traffic and Vector work of a ring collective of `nbytes` over `world` cores (assumption 6 of the
     step estimate): all_reduce sends and receives 2(p-1)/p of the bytes and adds (p-1)/p of them; all_gather (p-1)/p."""
@@ -80,6 +83,7 @@ def _affine(run, n, n1):
     w1 = run(n1)
     return w1 if n == n1 else w1 + (run(2 * n1) + w1 * -1) * ((n - n1) / n1)
 
+# %% ../nbs/21_cost.ipynb #28c418ff
 _KERNEL_CACHE: dict = {}
 
 def kernel_work(name: str, *shape) -> Work:
@@ -130,6 +134,7 @@ def kernel_work(name: str, *shape) -> Work:
     _KERNEL_CACHE[key] = w
     return w
 
+# %% ../nbs/21_cost.ipynb #aba71673
 def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, optim: str = 'muon', hw=TRN2) -> dict:
     """Roofline estimate of one bf16 training step of the GPT `cfg` (a ModelConfig) per NeuronCore: `batch` sequences of
     `seq_len` tokens (default cfg.seq_len) on each of `world` cores, data parallel, optimizer `optim` ('muon' |

@@ -30,6 +30,7 @@ PYDOCS_SRC = Path("/usr/share/doc/python3.11/html/_sources")
 class DataError(ValueError):
     "A problem with the data on disk, phrased so the user knows the fix."
 
+# %% ../nbs/00_data.ipynb #ca60f054
 def split_document(text: str, max_chars: int = 1200) -> list[str]:
     "Split `text` at blank lines into pieces of at most ~`max_chars` (a paragraph longer than that stays whole)."
     pieces, cur = [], ""
@@ -41,6 +42,7 @@ def split_document(text: str, max_chars: int = 1200) -> list[str]:
     if cur.strip(): pieces.append(cur)
     return [p for p in pieces if p.strip()]
 
+# %% ../nbs/00_data.ipynb #5906aa4f
 def build_embedded_corpus(src: Path = PYDOCS_SRC, dest: Path = EMBEDDED_CORPUS, max_chars: int = 1200) -> Path:
     """Collect every `*.txt` under `src`, split into paragraph-group documents, into one parquet (`path`, `text`), zstd
     19."""
@@ -79,6 +81,7 @@ def write_shards(
         paths.append(p)
     return paths
 
+# %% ../nbs/00_data.ipynb #5369155f
 def find_shards(data_dir: Path) -> tuple[list[Path], Path]:
     "Return (train shards, validation shard) of `data_dir`, checking that each is a readable parquet with `text`."
     data_dir = Path(data_dir)
@@ -122,7 +125,7 @@ def train_tokenizer(texts, vocab_size: int = VOCAB_SIZE, doc_cap: int = 10_000) 
         name=f"bpe{vocab_size}", pat_str=tok.get_pattern(), mergeable_ranks=ranks, special_tokens=specials
     )
 
-
+# %% ../nbs/00_data.ipynb #190e4915
 TOKEN_BYTES_RULES = ("kit", "raw")
 
 def token_bytes_of(enc: tiktoken.Encoding, rule: str = "kit") -> "torch.Tensor":
@@ -149,10 +152,12 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""): h.update(block)
     return h.hexdigest()
 
+# %% ../nbs/00_data.ipynb #f8d6e58e
 def tokenizer_sha256(tok_dir: Path) -> dict[str, str]:
     "{file name: sha256} of `tokenizer.pkl` and `token_bytes.pt` in `tok_dir`."
     return {n: file_sha256(Path(tok_dir) / n) for n in TOKENIZER_FILES}
 
+# %% ../nbs/00_data.ipynb #7cbcacf8
 def _write_manifest(tok_dir: Path, source: str) -> dict:
     man = {"source": source, "sha256": tokenizer_sha256(tok_dir)}
     tmp = Path(tok_dir) / f"{TOKENIZER_MANIFEST}.tmp{os.getpid()}"
@@ -160,11 +165,13 @@ def _write_manifest(tok_dir: Path, source: str) -> dict:
     os.replace(tmp, Path(tok_dir) / TOKENIZER_MANIFEST)
     return man
 
+# %% ../nbs/00_data.ipynb #be8aa7a6
 def read_manifest(tok_dir: Path) -> dict | None:
     "`sha256.json` of a tokenizer directory, or None if it has none."
     p = Path(tok_dir) / TOKENIZER_MANIFEST
     return json.loads(p.read_text()) if p.exists() else None
 
+# %% ../nbs/00_data.ipynb #cce860c9
 def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path, source: str = "trained") -> Path:
     "Write `tokenizer.pkl` (pickled tiktoken Encoding), `token_bytes.pt` and `sha256.json` into `out_dir`."
     import torch
@@ -182,12 +189,14 @@ def save_tokenizer(enc: tiktoken.Encoding, out_dir: Path, source: str = "trained
     _write_manifest(out_dir, source)
     return out_dir
 
+# %% ../nbs/00_data.ipynb #16a3e538
 def bos_id(enc: tiktoken.Encoding) -> int:
     "The BOS token: `<|reserved_0|>` (competition) or `<|endoftext|>` (GPT-2)."
     for s in (BOS_TOKEN, "<|endoftext|>"):
         if s in enc.special_tokens_set: return enc.encode_single_token(s)
     raise DataError(f"tokenizer {enc.name!r} has neither {BOS_TOKEN} nor <|endoftext|>; cannot mark document starts")
 
+# %% ../nbs/00_data.ipynb #626895df
 def load_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor"]:
     "Load (`tiktoken.Encoding`, token_bytes) from a directory holding `tokenizer.pkl` and `token_bytes.pt`."
     import torch
@@ -255,6 +264,7 @@ def gpt2_ranks_file(cache_dir: Path) -> Path:
     os.replace(dest.with_suffix(".tmp"), dest)
     return dest
 
+# %% ../nbs/00_data.ipynb #4eca662d
 def gpt2_tokenizer(cache_dir: Path) -> tiktoken.Encoding:
     "The GPT-2 BPE (50,257 tokens) built from the offline rank file."
     from tiktoken.load import load_tiktoken_bpe
@@ -312,6 +322,7 @@ def check_kit_tokenizer(tok_dir: Path) -> tuple[tiktoken.Encoding, "torch.Tensor
         )
     return enc, tb
 
+# %% ../nbs/00_data.ipynb #924ba4ed
 def install_kit_tokenizer(src_dir: Path, tok_dir: Path) -> dict:
     """Validate the kit's files in `src_dir`, copy them into `tok_dir` (atomically) and record their sha256 as source
     `kit`."""
@@ -343,7 +354,7 @@ def iter_documents(paths, rank: int = 0, world_size: int = 1, seed: int = 0, epo
     rng.shuffle(buf)
     yield from buf
 
-
+# %% ../nbs/00_data.ipynb #78b51d3f
 class PackedLoader:
     "Infinite iterator of `(x, y)` LongTensor batches [B, T] packed BOS-aligned best-fit from parquet shards."
     def __init__(self, paths, enc: tiktoken.Encoding, batch_size: int, seq_len: int, rank: int = 0, world_size: int = 1,
@@ -500,6 +511,7 @@ def _fetch(url: str, dest: Path, retries: int = 5, backoff: float = 1.0, log=pri
             log(f"  attempt {attempt}/{retries} failed ({why}); retry in {wait:g} s")
             time.sleep(wait)
 
+# %% ../nbs/00_data.ipynb #5c31909b
 def download_climbmix(data_dir: Path, n_shards: int, base_url: str = CLIMBMIX_URL, log=print, **kw) -> list[Path]:
     "Fetch training shards 0..n_shards-1 and the pinned validation shard into `data_dir` (skips complete files)."
     if n_shards < 1: raise DataError(f"--shards {n_shards}: need at least 1 training shard")
@@ -517,6 +529,7 @@ def download_climbmix(data_dir: Path, n_shards: int, base_url: str = CLIMBMIX_UR
         out.append(_fetch(f"{base_url.rstrip('/')}/{p.name}", p, log=log, **kw))
     return out
 
+# %% ../nbs/00_data.ipynb #56cd4322
 KIT_TOKENIZER_HINT = ("pass --tokenizer-dir DIR with the competition kit's tokenizer.pkl and token_bytes.pt "
                       "(or --train-tokenizer to train our own BPE, whose ids the scorer does not use)")
 
@@ -549,6 +562,7 @@ def _climbmix_tokenizer_plan(tok_dir: Path, tokenizer: str, tokenizer_dir, own_t
         return "keep"  # the kit's files, dropped in by hand
     raise DataError(f"prepare --source climbmix needs the kit's tokenizer: {KIT_TOKENIZER_HINT}")
 
+# %% ../nbs/00_data.ipynb #5913be57
 def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokenizer: str = "bpe8k",
             base_url: str = CLIMBMIX_URL, tokenizer_chars: int = 2_000_000_000, seed: int = 0, log=print,
             tokenizer_dir: Path | None = None, own_tokenizer: bool = False) -> Path:
@@ -582,6 +596,7 @@ def prepare(data_dir: Path, source: str = "embedded", n_shards: int = 8, tokeniz
     load_tokenizer(tok_dir)
     return data_dir
 
+# %% ../nbs/00_data.ipynb #01f00ebc
 def _capped_texts(paths, max_chars: int):
     n = 0
     for t in iter_documents(paths, window=0):

@@ -24,10 +24,12 @@ def dist_backend(device: torch.device) -> str:
     "The process-group backend for `device`: `neuron` on TorchNeuron, `nccl` on CUDA, `gloo` on the CPU."
     return {"neuron": "neuron", "cuda": "nccl"}.get(device.type, "gloo")
 
+# %% ../nbs/27_distributed.ipynb #70a0d9a1
 def env_world() -> tuple[int, int, int]:
     "(rank, local rank, world size) from torchrun's environment; (0, 0, 1) outside torchrun."
     return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
+# %% ../nbs/27_distributed.ipynb #23258c0c
 def init_distributed(device: str | None = None):
     """This process's device and place: `(device, rank, world, control group, owned)`; joins the process group under
     torchrun."""
@@ -42,12 +44,14 @@ def init_distributed(device: str | None = None):
     ctrl = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")  # host-side agreement
     return dev, dist.get_rank(), dist.get_world_size(), ctrl, owned
 
+# %% ../nbs/27_distributed.ipynb #f6849eb5
 def rank_rows(batches, rank: int, world: int):
     "This rank's rows of each global batch from `batches`: rows `[rank·B, (rank+1)·B)` of every `[world·B, T]` batch."
     for x, y in batches:
         B = len(x) // world
         yield x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
 
+# %% ../nbs/27_distributed.ipynb #6ccebee8
 def agree_max(values, world: int, group=None) -> list[float]:
     """The elementwise maximum of `values` over all ranks (float64, host-side through `group`); `values` itself for one
     rank."""
@@ -88,6 +92,7 @@ class DataParallel:
         "The whole model on every rank, to evaluate: here `model` itself."
         return model
 
+# %% ../nbs/27_distributed.ipynb #b0046066
 class ExpertParallel(DataParallel):
     "The experts sharded over expert groups (`moe.expert_parallel`), the rest replicated."
     def sync_grads(self, model): ep_sync_grads(model)
@@ -99,6 +104,7 @@ class ExpertParallel(DataParallel):
         gather_experts(model)   # every rank all the experts again
         return model
 
+# %% ../nbs/27_distributed.ipynb #02548f78
 def parallelize(model, world: int, ep: int = 1, config: str = "the model", fsdp: bool = False) -> DataParallel:
     """Share `model` out over `world` ranks as `ep` and `fsdp` ask (experts over groups of `ep` ranks; `fsdp`: every
     parameter sharded over all ranks; else data parallel) and return the strategy its steps and checkpoints use."""
@@ -117,6 +123,7 @@ def full_state(t):
     so a rank never holds more than one whole tensor there); anything else unchanged."""
     return t.full_tensor().cpu() if isinstance(t, DTensor) else t
 
+# %% ../nbs/27_distributed.ipynb #d03a18b7
 OWNER_STATE = ("second_moment",)   # NorMuon's: whole, on the rank that orthogonalises the matrix (20_optim)
 
 def _shard_like(k: str, v, p):
@@ -126,6 +133,7 @@ def _shard_like(k: str, v, p):
     if shaped and k not in OWNER_STATE: return distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
     return v
 
+# %% ../nbs/27_distributed.ipynb #3d91f567
 class ShardedDataParallel(DataParallel):
     "Every parameter, gradient and optimizer state sharded over all ranks by FSDP2 (`shard_model`); data parallel rows."
     def sync_grads(self, model):
@@ -153,6 +161,7 @@ class ShardedDataParallel(DataParallel):
         dev = next(model.parameters()).device
         return replica.to(dev).train(model.training)
 
+# %% ../nbs/27_distributed.ipynb #3bd70d24
 def shard_model(model, world: int) -> ShardedDataParallel:
     """Shard `model` in place with FSDP2 over the default process group: each block, each embedding table, then the
     root; returns the strategy."""

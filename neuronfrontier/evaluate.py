@@ -32,11 +32,13 @@ def evaluate_sums(model, batches, token_bytes: torch.Tensor) -> torch.Tensor:
         if was_training: model.train()
     return sums
 
+# %% ../nbs/28_evaluate.ipynb #c5706b08
 def bpb(nats: float, nbytes: float) -> float:
     "Bits per byte from the two sums: nats / (ln 2 · bytes)."
     if nbytes == 0: raise ValueError("evaluate_bpb: the batches contain no targets with a non-zero byte length")
     return nats / (math.log(2) * nbytes)
 
+# %% ../nbs/28_evaluate.ipynb #6414b30c
 def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
     "Σ nats / (ln 2 · Σ bytes) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored) excluded."
     return bpb(*evaluate_sums(model, batches, token_bytes).tolist())

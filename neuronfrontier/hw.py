@@ -6,23 +6,19 @@
 from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
+from .config import grouped
 
 # %% auto #0
 __all__ = ['KiB', 'MiB', 'GiB', 'TRN2', 'TRN2_CORE', 'TRN2_LNC2', 'H200', 'H100', 'CPU', 'DEVICES', 'PMAX', 'FMAX', 'MAX_LNC',
-           'INSTRUCTION_LIMIT', 'HardwareSpec', 'logical_cores', 'core_range', 'get_device', 'mfu', 'estimate_time']
+           'INSTRUCTION_LIMIT', 'CoreSpec', 'HardwareSpec', 'logical_cores', 'core_range', 'get_device', 'mfu',
+           'estimate_time']
 
 # %% ../nbs/07_hardware.ipynb #397ee5b9
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 @dataclass(frozen=True)
-class HardwareSpec:
-    "Peak figures of one device unit (a chip, a core, a GPU); `None` where unknown."
-    name: str
-    peak_tflops: dict = field(default_factory=dict)  # dtype name -> dense TFLOP/s of the whole unit
-    hbm_bytes: int|None = None        # device memory of the unit
-    hbm_tbps: float|None = None       # HBM bandwidth of the unit, TB/s (1e12 B/s)
-    cores: int = 1                    # NeuronCores in the unit
-    # NeuronCore-v3 figures (per core); None for non-Neuron devices
+class CoreSpec:
+    "NeuronCore-v3 figures, per core; None for non-Neuron devices."
     partitions: int|None = None
     sbuf_bytes_pp: int|None = None    # physical SBUF bytes per partition
     sbuf_budget_pp: int|None = None   # what the simulator lets a kernel use
@@ -38,7 +34,20 @@ class HardwareSpec:
     vector_elems_per_cycle: int|None = None   # fp32 path (bf16: 2x)
     scalar_elems_per_cycle: int|None = None
     gpsimd_elems_per_cycle: int|None = None   # assumption, see estimate_time
+
+# %% ../nbs/07_hardware.ipynb #22977d95
+@grouped(core=CoreSpec)
+@dataclass(frozen=True, init=False)
+class HardwareSpec:
+    """Peak figures of one device unit (a chip, a core, a GPU); `None` where unknown. Its core's figures read by name
+    too (`spec.pe_rows` is `spec.core.pe_rows`)."""
+    name: str
+    peak_tflops: dict = field(default_factory=dict)  # dtype name -> dense TFLOP/s of the whole unit
+    hbm_bytes: int|None = None        # device memory of the unit
+    hbm_tbps: float|None = None       # HBM bandwidth of the unit, TB/s (1e12 B/s)
+    cores: int = 1                    # NeuronCores in the unit
     source: str = ''
+    core: CoreSpec = field(default_factory=CoreSpec)   # per-core figures (NeuronCore-v3)
 
     def peak(self, dtype='bf16'):
         "Dense peak FLOP/s for `dtype` ('bf16', 'fp8', 'fp32'), or None if unknown."
@@ -89,11 +98,13 @@ def logical_cores() -> int:
         raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={v}: trn2 supports 1 or 2 logical-core configurations")
     return int(v)
 
+# %% ../nbs/07_hardware.ipynb #c0836100
 def core_range(n: int, core: int, cores: int) -> range:
     """The share of `n` work items core `core` of `cores` takes in a kernel[cores] launch: contiguous, sizes differing
     by ≤ 1."""
     return range(core * n // cores, (core + 1) * n // cores)
 
+# %% ../nbs/07_hardware.ipynb #a298924d
 def get_device(device) -> HardwareSpec:
     "A `HardwareSpec` from a spec or a name in `DEVICES` (case-insensitive; 'cuda' means H200)."
     if isinstance(device, HardwareSpec): return device

@@ -26,14 +26,14 @@ BOS = "<|reserved_0|>"
 def _cache_dir() -> Path:
     return Path(os.environ.get("NEURON_COMPETITION_R1_CACHE_DIR", "~/.cache/neuron-competition-r1")).expanduser()
 
-
+# %% ../nbs/32_kit_prepare.ipynb #41c2d385
 def get_dist_info():
     "(ddp, rank, local_rank, world_size) from torchrun's environment."
     ddp = all(k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     if not ddp: return False, 0, 0, 1
     return True, int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
 
-
+# %% ../nbs/32_kit_prepare.ipynb #12a0ea4c
 def print0(*args, **kwargs):
     if get_dist_info()[1] == 0: print(*args, **kwargs)
 
@@ -51,13 +51,13 @@ class Tokenizer:
         if isinstance(text, str): return head + self.enc.encode_ordinary(text)
         return [head + ids for ids in self.enc.encode_ordinary_batch(text, num_threads=num_threads)]
 
-
+# %% ../nbs/32_kit_prepare.ipynb #a02266dd
 def ensure_tokenizer(build_if_missing: bool = False) -> Tokenizer:
     path = _cache_dir() / "tokenizer" / "tokenizer.pkl"
     if not path.is_file(): raise FileNotFoundError(f"{path}: run `python prepare.py setup` first")
     with open(path, "rb") as f: return Tokenizer(pickle.load(f))
 
-
+# %% ../nbs/32_kit_prepare.ipynb #b3d56682
 def get_token_bytes(device="cpu") -> torch.Tensor:
     return torch.load(_cache_dir() / "tokenizer" / "token_bytes.pt", map_location=device, weights_only=True)
 
@@ -67,7 +67,7 @@ def _shards(split: str) -> list:
     if len(paths) < 2: raise FileNotFoundError(f"{_cache_dir()}: fewer than 2 shards; run `python prepare.py setup`")
     return paths[:-1] if split == "train" else paths[-1:]
 
-
+# %% ../nbs/32_kit_prepare.ipynb #ab92feb2
 def _documents(split: str, rank: int, world: int, cycle: bool):
     "(text, epoch): this rank's share of the split's row groups (every world-th), cycling for training."
     groups = [(p, g) for p in _shards(split) for g in range(pq.ParquetFile(p).num_row_groups)]
@@ -112,7 +112,7 @@ def record_step_boundary(step: int):
     if path:
         with open(path, "a") as f: f.write(f"{get_dist_info()[1]} {int(step)} {time.time():.6f}\n")
 
-
+# %% ../nbs/32_kit_prepare.ipynb #b4799918
 def causality_check(model, tokenizer, B: int, T: int, device) -> dict:
     "Logits at positions before a changed token must not move."
     g = torch.Generator().manual_seed(0)

@@ -28,10 +28,12 @@ def _prep(h, w_head, targets, softcap, reduction, vocab_size):
         raise ValueError(f"reduction={reduction!r}: use 'mean', 'sum' or 'none'")
     return h2, t, V, (float(softcap) if softcap else 0.0)
 
+# %% ../nbs/04_loss.ipynb #e99fa4ab
 def _acc_dtype(*ts):
     "fp32, or fp64 when an input is fp64 (bf16/fp16 inputs are computed in fp32)."
     return torch.float64 if torch.float64 in [t.dtype for t in ts] else torch.float32
 
+# %% ../nbs/04_loss.ipynb #0c503a36
 def _reduce(loss, t, reduction):
     if reduction == "none": return loss
     return loss.sum() / (t >= 0).sum().clamp_min(1) if reduction == "mean" else loss.sum()
@@ -105,11 +107,13 @@ def _matmul_dtype(h2, w):
     except RuntimeError: return acc  # a device type autocast does not know
     return torch.get_autocast_dtype(dev) if on and acc == torch.float32 else acc
 
+# %% ../nbs/04_loss.ipynb #fdce0e59
 def _no_autocast(device):
     "Autocast off for the Function's own body (every dtype inside is chosen explicitly)."
     try: return torch.autocast(device.type, enabled=False)
     except RuntimeError: return contextlib.nullcontext()
 
+# %% ../nbs/04_loss.ipynb #47464566
 def _mm_into(out, a, b, accumulate=False):
     """`out = a @ b` (or `out += a @ b`), multiplying in `b`'s dtype and storing into `out`'s (fp32) without an `out=`
     dtype clash."""
@@ -117,10 +121,12 @@ def _mm_into(out, a, b, accumulate=False):
     if b.dtype == out.dtype: return out.addmm_(a, b) if accumulate else torch.mm(a, b, out=out)
     return out.add_(a @ b) if accumulate else out.copy_(a @ b)
 
+# %% ../nbs/04_loss.ipynb #ab208fb7
 def _buffers(h2, w, gh, gw):
     f32 = dict(dtype=_acc_dtype(h2, w), device=h2.device)
     return (torch.empty(h2.shape, **f32) if gh else None), (torch.zeros(w.shape, **f32) if gw else None)
 
+# %% ../nbs/04_loss.ipynb #da14d5ae
 class ChunkedCrossEntropy(torch.autograd.Function):
     "Cross-entropy of `h2 @ w[:V].T` against `t`, token chunk by token chunk; see `chunked_cross_entropy`."
     @staticmethod

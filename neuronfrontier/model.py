@@ -32,6 +32,7 @@ def rope_tables(T: int, d_head: int, base: float, device=None) -> tuple[torch.Te
     ang = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv)
     return ang.cos(), ang.sin()
 
+# %% ../nbs/06_model.ipynb #7c12defc
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     "Rotate channel pairs (i, i + d/2) of `x` [B, T, H, D] by the angles in cos/sin [T, D/2]."
     d = x.shape[-1] // 2
@@ -64,6 +65,7 @@ class Attention(nn.Module):
         y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))   # y: [B, H, T, D]
 
+# %% ../nbs/06_model.ipynb #6acb9353
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, d_mlp: int | None = None, kind: str | None = None):
         super().__init__()
@@ -79,6 +81,7 @@ class MLP(nn.Module):
         )
         return self.w_down(h)
 
+# %% ../nbs/06_model.ipynb #12ad2d29
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()

@@ -33,6 +33,7 @@ def _no_autocast(x):
     dev = x.device.type
     return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else contextlib.nullcontext()
 
+# %% ../nbs/05_moe.ipynb #69aa9c2c
 class Router(nn.Module):
     "Token → top_k experts: fp32 logits, softmax or sigmoid scores, an optional selection bias, normalised weights."
     def __init__(self, cfg: ModelConfig):
@@ -60,6 +61,7 @@ def expert_counts(expert_idx: torch.Tensor, n_experts: int) -> torch.Tensor:
     e = expert_idx.reshape(-1).long()
     return torch.zeros(n_experts, dtype=torch.long, device=e.device).scatter_add_(0, e, torch.ones_like(e))
 
+# %% ../nbs/05_moe.ipynb #00535a65
 def balance_losses(logits, scores, expert_idx, router: str = "softmax",
                    counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(aux, z, counts): Switch's load-balancing loss E·Σ_e f_e·P_e (f_e: share of the assignments expert e gets,
@@ -83,6 +85,7 @@ class Dispatch:
     counts: torch.Tensor        # [E] assignments per expert (before capacity)
     n_dropped: torch.Tensor     # assignments over capacity (0-d)
 
+# %% ../nbs/05_moe.ipynb #382e4cd5
 def dispatch(expert_idx: torch.Tensor, n_experts: int, capacity: int | None = None) -> Dispatch:
     """Place the assignments of `expert_idx` [N, k] in expert-major 128-row blocks. Priority is slot-major (every
     token's first choice before any second choice, then token order); with `capacity` (a multiple of 128) each expert
@@ -114,6 +117,7 @@ def gather_rows(x: torch.Tensor, d: Dispatch) -> torch.Tensor:
     src = torch.full((d.n_rows + 1,), N, device=x.device).scatter_(0, d.rows, tok)   # dropped ones all land in row R
     return torch.cat([x, x.new_zeros(1, x.shape[1])]).index_select(0, src[:-1])
 
+# %% ../nbs/05_moe.ipynb #4a78a8b8
 def combine(yb: torch.Tensor, d: Dispatch, expert_weight: torch.Tensor) -> torch.Tensor:
     "y[n] = Σ_j expert_weight[n, j] · yb[row of (n, j)]; a dropped assignment contributes nothing."
     N, k = expert_weight.shape
@@ -138,6 +142,7 @@ def grouped_mm_works(device, dtype) -> bool:
             _GROUPED_OK[key] = False
     return _GROUPED_OK[key]
 
+# %% ../nbs/05_moe.ipynb #82e24bf6
 def expert_mlp(x, w_gate, w_up, w_down, block_expert, impl: str | None = None):
     """The `torch` backend of `ops.moe_mlp`: each expert's rows (whole blocks, experts in order) through its SwiGLU,
     by `torch._grouped_mm` (one kernel per projection for all experts) or a loop over the experts."""
@@ -264,6 +269,7 @@ def expert_groups(world: int, ep: int):
         if rank in ranks: mine["dp" if len(mine) else "ep"] = grp
     return mine["ep"], mine["dp"]
 
+# %% ../nbs/05_moe.ipynb #8d1bf05c
 def expert_parallel(model: nn.Module, group=None, dp_group=None) -> int:
     """Shard the experts of every MoE layer of `model` over the ranks of `group` (default: the world): rank r keeps
     experts r·E/P … (r+1)·E/P − 1. `dp_group`: the ranks that hold the same experts (None: this rank alone). Call on
@@ -282,10 +288,12 @@ def expert_parallel(model: nn.Module, group=None, dp_group=None) -> int:
         m.ep_group, m.ep_size, m.ep_rank, m.dp_group = group, P, r, dp_group
     return P
 
+# %% ../nbs/05_moe.ipynb #8788b2e7
 def expert_shards(model: nn.Module) -> list[nn.Parameter]:
     "The expert weights `expert_parallel` sharded (empty without expert parallelism)."
     return [p for m in _moe_layers(model) if m.ep_size > 1 for p in (m.w_gate, m.w_up, m.w_down)]
 
+# %% ../nbs/05_moe.ipynb #8f838fb3
 def ep_sync_grads(model: nn.Module):
     """After backward with expert and data parallelism: average the replicated gradients over all ranks; an expert
     shard's gradient already sums its expert-parallel group's tokens, so it is summed over its data-parallel replicas
@@ -300,6 +308,7 @@ def ep_sync_grads(model: nn.Module):
     if dp is not None and dist.get_world_size(dp) > 1:
         for p in shards: dist.all_reduce(p.grad, group=dp)
 
+# %% ../nbs/05_moe.ipynb #dd7ad2a7
 def ep_clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     """`clip_grad_norm_` with sharded experts: the norm over the whole model (the replicated gradients once, every
     expert shard of the expert-parallel group once), so every rank scales by the same factor as one process would."""
@@ -315,12 +324,14 @@ def ep_clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
         if p.grad is not None: p.grad.mul_(coef.to(p.grad.dtype))
     return total
 
+# %% ../nbs/05_moe.ipynb #dcede7aa
 def _gather_rows(t: torch.Tensor, m) -> torch.Tensor:
     "Every expert's rows of `t` (this rank's share of dim 0), all-gathered over the layer's expert group."
     parts = [torch.empty_like(t) for _ in range(m.ep_size)]
     dist.all_gather(parts, t.detach().contiguous(), group=m.ep_group)
     return torch.cat(parts)
 
+# %% ../nbs/05_moe.ipynb #df21bf7f
 def gather_experts(model: nn.Module):
     "Undo `expert_parallel`: every rank gets all experts back (all_gather), e.g. to evaluate the whole model."
     for m in _moe_layers(model):
@@ -334,12 +345,14 @@ def _shard_owners(model: nn.Module) -> dict[int, nn.Module]:
     "id(expert shard) → its MoE layer, for the layers `expert_parallel` sharded."
     return {id(getattr(m, n)): m for m in _moe_layers(model) if m.ep_size > 1 for n in ("w_gate", "w_up", "w_down")}
 
+# %% ../nbs/05_moe.ipynb #0d857825
 def _per_param(opt, states: dict, fn) -> dict:
     """An optimizer state_dict's `state` with `fn(param, its state)` applied to every entry (indices follow the param
     groups)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     return {i: fn(params[i], st) for i, st in states.items()}
 
+# %% ../nbs/05_moe.ipynb #1a456109
 def ep_consolidated(model: nn.Module, opts) -> tuple[dict, list[dict]]:
     """(model state_dict, optimizer state_dicts) as one process without expert parallelism holds them: each expert shard
     and each optimizer tensor of a shard's shape gathered over the expert group. A collective when experts are sharded
@@ -356,6 +369,7 @@ def ep_consolidated(model: nn.Module, opts) -> tuple[dict, list[dict]]:
 
     return sd, [dict(s, state=_per_param(o, s["state"], gather)) for o, s in ((o, o.state_dict()) for o in opts)]
 
+# %% ../nbs/05_moe.ipynb #65557093
 def ep_shard_optimizer_states(model: nn.Module, opts, states: list[dict]) -> list[dict]:
     """Consolidated optimizer `states` (from `ep_consolidated`) cut to this rank's experts, to `load_state_dict` after
     `expert_parallel`."""

@@ -41,6 +41,7 @@ def register(op: str, backend: str):
 
     return deco
 
+# %% ../nbs/03_ops.ipynb #4dbf48ce
 def parse_backend(spec: str) -> dict[str, str]:
     "'nki-sim' → every op; 'attention=nki-sim,rms_norm=torch' → those ops, the rest 'auto'."
     spec = (spec or "auto").strip()
@@ -57,18 +58,20 @@ def parse_backend(spec: str) -> dict[str, str]:
         out[op] = be
     return out
 
+# %% ../nbs/03_ops.ipynb #43774a71
 def set_backend(spec: str) -> dict[str, str]:
     "Set the backend of every op (or of some, with 'op=backend,...'); returns the previous setting."
     prev = dict(_state["spec"])
     _state["spec"] = parse_backend(spec)
     return prev
 
-
+# %% ../nbs/03_ops.ipynb #32f79d0f
 def pin_backends(backends: dict[str, str]) -> dict[str, str]:
     "Set the backend of the ops named in `backends` (op → backend) and keep the others'; returns the previous setting."
     spec = {**_state["spec"], **backends}
     return set_backend(",".join(f"{op}={b}" for op, b in spec.items()))
 
+# %% ../nbs/03_ops.ipynb #2ef9b7e2
 @contextlib.contextmanager
 def use_backend(spec: str):
     "Context manager: run the block with backend `spec`, then restore the previous one."
@@ -95,7 +98,7 @@ def load_kernels():
                 _warn_once(("load", mod), f"ops: the kernels of {mod} are not used ({type(e).__name__}: {e}); "
                                           f"their ops run PyTorch")
 
-
+# %% ../nbs/03_ops.ipynb #c5a37fdc
 def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
     want = _state["spec"][op]
@@ -107,16 +110,19 @@ def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) 
         want = "torch"
     return want
 
+# %% ../nbs/03_ops.ipynb #eef534c3
 def _warn_once(key, message: str):
     "Warn `message` the first time `key` is seen in this process."
     if key not in _state["warned"]:
         _state["warned"].add(key)
         warnings.warn(message)
 
+# %% ../nbs/03_ops.ipynb #10163fcb
 def backend_table(device="cpu") -> dict[str, str]:
     "What actually runs for each op on `device` (fallbacks warn when the op is called, not here)."
     return {op: backend_for(op, device, warn=False) for op in OPS}
 
+# %% ../nbs/03_ops.ipynb #33be5788
 # the modules that register an op's `torch` backend when they are imported, where it is not this one
 _TORCH_FROM = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
 
@@ -172,14 +178,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     "x / sqrt(mean(x², -1) + eps) · weight, over the last dimension."
     return _call("rms_norm", x, weight, eps)
 
+# %% ../nbs/03_ops.ipynb #01ec931b
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ); x [..., d], w_gate and w_up [d_mlp, d] → [..., d_mlp]."
     return _call("swiglu", x, w_gate, w_up)
 
+# %% ../nbs/03_ops.ipynb #64c81ab2
 def relu2(x: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     "relu(x @ w_upᵀ)²; x [..., d], w_up [d_mlp, d] → [..., d_mlp]."
     return _call("relu2", x, w_up)
 
+# %% ../nbs/03_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
               window: int | None = None) -> torch.Tensor:
     """softmax(q kᵀ/√d_head + causal mask) v for q, k, v of shape [B, H, T, d_head]; with `window` W, query i sees
@@ -190,12 +199,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if not causal: raise ValueError(f"window={window} needs causal attention")
     return _call("attention", q, k, v, causal=True, window=window)   # every backend takes the window
 
+# %% ../nbs/03_ops.ipynb #0ddda847
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:
     """Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets (< 0
     ignored)."""
     return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
 
+# %% ../nbs/03_ops.ipynb #a4e1a9ce
 def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
             block_expert: torch.Tensor) -> torch.Tensor:
     """Blockwise expert SwiGLU: rows 128·b … 128·b+127 of x go through expert e = block_expert[b],
@@ -209,19 +220,23 @@ def rms_norm_torch(x, weight, eps=1e-6):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 
+# %% ../nbs/03_ops.ipynb #17bfe9f7
 @register("swiglu", "torch")
 def swiglu_torch(x, w_gate, w_up):
     return F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
 
+# %% ../nbs/03_ops.ipynb #8a30b4c8
 @register("relu2", "torch")
 def relu2_torch(x, w_up):
     return F.relu(F.linear(x, w_up)).square()
 
+# %% ../nbs/03_ops.ipynb #8b78dd6c
 @register("attention", "torch")
 def attention_torch(q, k, v, causal=True, window=None):
     if window is None: return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 
+# %% ../nbs/03_ops.ipynb #29ca8466
 def window_mask(T: int, window: int, device=None) -> torch.Tensor:
     """[T, T] boolean: True where query i may see key j, 0 ≤ i − j ≤ window. Built at each call: O(T²) booleans next to
     the attention's O(B·H·T²·d); a cache across calls would hold tensors of one device or one FakeTensor mode."""
@@ -234,6 +249,7 @@ def implementations(op: str) -> dict[str, callable]:
     "The implementations registered for `op`, backend → function (a copy: change the table with `register`)."
     return dict(_IMPLS[op])
 
+# %% ../nbs/03_ops.ipynb #be8f3751
 @contextlib.contextmanager
 def replaced(impls: dict[str, callable], backend: str = "torch"):
     "Context manager: inside the block `impls[op]` serves `op` on `backend` (None: `op` has no such backend)."
@@ -247,6 +263,7 @@ def replaced(impls: dict[str, callable], backend: str = "torch"):
             _IMPLS[op].clear()
             _IMPLS[op].update(table)
 
+# %% ../nbs/03_ops.ipynb #1a3d9d9d
 @contextlib.contextmanager
 def watched(ops: Iterable[str], record):
     "Context manager: each call of the `torch` implementation of `ops` goes to `record(op, args, kwargs)` first."
@@ -257,24 +274,29 @@ def watched(ops: Iterable[str], record):
         return call
     with replaced({op: watch(op, _IMPLS[op]["torch"]) for op in ops}): yield
 
+# %% ../nbs/03_ops.ipynb #e822b28e
 def backend_asked() -> dict[str, str]:
     "The backend asked for each op (`set_backend`), before `auto` and fallbacks resolve it (`backend_table`)."
     return dict(_state["spec"])
 
+# %% ../nbs/03_ops.ipynb #4991fd5e
 def fallbacks() -> dict[str, str]:
     "The kernels given up at run time: op (or kernel module) → why."
     return dict(_state["fell_back"])
 
+# %% ../nbs/03_ops.ipynb #812ef295
 def set_fallback(on: bool) -> bool:
     "Whether an `nki` kernel that raises sends its op to PyTorch (True, the default) or raises; returns the old value."
     prev, _state["fallback"] = _state["fallback"], bool(on)
     return prev
 
+# %% ../nbs/03_ops.ipynb #bddfb06e
 def set_kernel_importer(importer) -> callable:
     "How `load_kernels` imports a kernel module (`importlib.import_module`); returns the old importer."
     prev, _state["importer"] = _state["importer"], importer
     return prev
 
+# %% ../nbs/03_ops.ipynb #d33750ad
 @contextlib.contextmanager
 def isolated():
     "Context manager: the block's changes to the dispatch (backends, implementations, fallbacks) are undone after."

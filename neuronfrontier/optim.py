@@ -37,10 +37,12 @@ def _resolve_coeffs(coeffs):
         return _COEFFS[coeffs]
     return tuple(tuple(map(float, t)) for t in coeffs), 1.0
 
+# %% ../nbs/20_optim.ipynb #84a43a6f
 def _step_coeffs(coeffs, steps: int):
     "The (a, b, c) used at each of `steps` iterations; the last triple repeats when `steps` exceeds the list."
     return [coeffs[min(i, len(coeffs) - 1)] for i in range(steps)]
 
+# %% ../nbs/20_optim.ipynb #cf89968b
 def ns_poly(x, steps: int = 5, coeffs="quintic"):
     "The scalar map σ ↦ p_k(…p_1(σ)) the iteration applies to each (normalised) singular value; `x` tensor or array."
     cs, _ = _resolve_coeffs(coeffs)
@@ -49,6 +51,7 @@ def ns_poly(x, steps: int = 5, coeffs="quintic"):
         x = a * x + x * x2 * (b + c * x2)
     return x
 
+# %% ../nbs/20_optim.ipynb #7914594c
 def ns_output_band(
     lo: float, hi: float = 1.0, steps: int = 5, coeffs="quintic", n: int = 200_001
 ) -> tuple[float, float]:
@@ -63,6 +66,7 @@ def default_ns_dtype(device) -> torch.dtype:
     probe says so), else fp32."""
     return TORCH_DTYPES[choose_precision("auto", device).ns_dtype]
 
+# %% ../nbs/20_optim.ipynb #861f4b36
 def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dtype: torch.dtype | None = None,
                                 eps: float = 1e-7) -> Tensor:
     "Approximate the polar factor UVᵀ of each matrix in `G` ([..., m, n]) with `steps` odd-quintic iterations."
@@ -84,6 +88,7 @@ def local_shard(t: Tensor) -> Tensor:
     "This rank's part of `t`: the local shard of a DTensor (sharing its storage), `t` itself otherwise."
     return t.to_local() if isinstance(t, DTensor) else t
 
+# %% ../nbs/20_optim.ipynb #33b7a395
 def sharded_updates(items: list, orthogonalise, finish=lambda p, o: o) -> list[Tensor]:
     """This rank's rows of the update of each FSDP2-sharded matrix in `items` [(param, this rank's rows of its
     momentum update)], all of one shape: `orthogonalise` ([n, *shape] → [n, *shape]) and `finish` (param, update) run
@@ -120,6 +125,7 @@ def _dist_info(distributed: bool | None) -> tuple[int, int]:
     if distributed is False or not on: return 0, 1
     return dist.get_rank(), dist.get_world_size()
 
+# %% ../nbs/20_optim.ipynb #a3fc96c5
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale,
     decoupled weight decay."""
@@ -252,6 +258,7 @@ class Muon(torch.optim.Optimizer):
         for d in every:
             for i, v in d.items(): self.state[params[i]]["second_moment"] = v.to(params[i].device)
 
+# %% ../nbs/20_optim.ipynb #f1df2db2
 def normuon_scale(state: dict, o: Tensor, beta2: float = 0.95, eps: float = 1e-10) -> Tensor:
     """NorMuon: divide each neuron (row, or column of a wide matrix) of the update `o` [m, n] by its running RMS, keep
     ‖o‖_F."""
@@ -271,6 +278,7 @@ def _role(name: str, p: Tensor) -> str:
     if name.startswith("lm_head."): return "head"
     return "scalar"
 
+# %% ../nbs/20_optim.ipynb #ddbbfba6
 def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype: torch.dtype | None = None,
                      coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
     """Split `model`'s parameters into Muon (2D block weights, when `tcfg.optim == 'muon'`) and AdamW groups; return
@@ -310,11 +318,13 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
     if print_table: print(optimizer_table(rows))
     return opts
 
+# %% ../nbs/20_optim.ipynb #8144197d
 def _d_model(model: nn.Module) -> int:
     "Model width: `model.cfg.d_model` for the project's GPT, else the embedding's width."
     cfg = getattr(model, "cfg", None)
     return cfg.d_model if cfg is not None else model.wte.weight.shape[1]
 
+# %% ../nbs/20_optim.ipynb #355be382
 def optimizer_table(rows) -> str:
     "Text table of (name, shape, optimizer, lr, weight decay) rows, with per-optimizer totals."
     w = max([len(r[0]) for r in rows] + [9])
@@ -339,16 +349,19 @@ def lr_multiplier(frac: float, recipe) -> float:
         return end + (1 - end) * 0.5 * (1 + math.cos(math.pi * t))
     raise ValueError(f"schedule={recipe.schedule!r} is unknown; use wsd or cosine")
 
+# %% ../nbs/20_optim.ipynb #74addd7c
 def weight_decay_multiplier(frac: float, recipe) -> float:
     "Weight-decay multiplier at budget fraction `frac`: 1 − frac (decaying to zero) with `recipe.cautious_wd`, else 1."
     return 1.0 - min(max(float(frac), 0.0), 1.0) if recipe.cautious_wd else 1.0
 
+# %% ../nbs/20_optim.ipynb #1d659926
 def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac: float = 0.1) -> float:
     "Muon momentum rising linearly from `start` to `end` over the first `ramp_frac` of the budget, then constant."
     if ramp_frac <= 0: return end
     t = min(max(float(frac), 0.0) / ramp_frac, 1.0)
     return start + (end - start) * t
 
+# %% ../nbs/20_optim.ipynb #3833fe01
 def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None) -> tuple[float, float]:
     """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`)
     and every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`:
@@ -373,6 +386,7 @@ def ns_flops(shape, steps: int = 5) -> int:
     m, n = sorted(shape[-2:])
     return steps * (4 * m * m * n + 2 * m ** 3)
 
+# %% ../nbs/20_optim.ipynb #5ed5d854
 def muon_shapes(cfg) -> list[tuple[int, int]]:
     """Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each
     expert of an MoE layer counted as its own matrices)."""

@@ -5,7 +5,7 @@
 # %% ../nbs/94_plan.ipynb #da586d70
 from __future__ import annotations
 import itertools, json, re, time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 import numpy as np
 from . import config
@@ -46,6 +46,7 @@ def law(N, D, E, A, alpha, B, beta):
     "The Chinchilla form E + A·N^-α + B·D^-β."
     return E + A * np.power(N, -alpha) + B * np.power(D, -beta)
 
+# %% ../nbs/94_plan.ipynb #d54fab97
 def _fit_exponents(N, D, y, lo: float, hi: float, points: int = 40) -> dict:
     "E, A, α, B, β minimising the squared error: a grid over [lo, hi]² for (α, β), zoomed until the step is < 1e-5."
     a_grid = b_grid = np.linspace(lo, hi, points)
@@ -61,6 +62,7 @@ def _fit_exponents(N, D, y, lo: float, hi: float, points: int = 40) -> dict:
     E, A, B = (float(v) for v in c[i])
     return dict(E=E, A=A, alpha=float(a[i]), B=B, beta=float(b[i]), sse=float(sse[i]))
 
+# %% ../nbs/94_plan.ipynb #6640bc09
 def fit_scaling(rows: list[dict], bounds: tuple[float, float] = (0.01, 2.0)) -> dict:
     """Fit L(N, D) = E + A·N^-α + B·D^-β to `rows` ({'N', 'D', 'val_bpb'}): the coefficients, the residuals, their
     RMSE and the leave-one-out RMSE (each row predicted by the fit to the others)."""
@@ -79,6 +81,7 @@ def fit_scaling(rows: list[dict], bounds: tuple[float, float] = (0.01, 2.0)) -> 
                 residuals=[float(r) for r in resid], loo_residuals=loo, n=len(y), bounds=list(bounds), span=span,
                 units="val_bpb; N non-embedding parameters, D training tokens")
 
+# %% ../nbs/94_plan.ipynb #5d73edbb
 def predict(fit: dict, N, D):
     "The fitted law at (N, D)."
     return law(N, D, fit["E"], fit["A"], fit["alpha"], fit["B"], fit["beta"])
@@ -123,6 +126,7 @@ def memory_per_rank(m, rows: int, world: int) -> dict:
     out["total"] = sharded + max(out["fsdp"] + out["autocast"] + out["activations"], out["optimizer_step"])
     return out
 
+# %% ../nbs/94_plan.ipynb #b2bf9424
 def memory_limit(lnc: int = 1, margin: float = HBM_MARGIN) -> float:
     "Bytes a rank may use: one logical core's HBM (`rehearsal.hbm_per_rank`) less `margin`."
     return hbm_per_rank(lnc) * (1 - margin)
@@ -138,11 +142,13 @@ def batch_rule(C: float) -> float:
     "Global batch in tokens for a C-FLOP run: DeepSeek LLM's fit B_opt = 0.292·C^0.3271 (published, not measured here)."
     return 0.292 * C ** 0.3271
 
+# %% ../nbs/94_plan.ipynb #2c3e7862
 def kit_shape(depth: int, seq_len: int = 2048):
     "The kit's model at `depth`: width 64·depth rounded up to 128, heads of 128, MLP 4·d (`config.resolve`)."
     d = -(-ASPECT * depth // config.TILE) * config.TILE
     return resolve("dense-124m", "kit", [f"d_model={d}", f"n_layers={depth}", f"seq_len={seq_len}"])[0]
 
+# %% ../nbs/94_plan.ipynb #b049faeb
 def largest_fitting_rows(m, rows: int, world: int, limit: float) -> int:
     "The largest micro-batch (rows) that divides `rows` and fits `limit` bytes per rank; 0 when one row does not fit."
     return max((b for b in range(1, rows + 1) if rows % b == 0 and memory_per_rank(m, b, world)["total"] <= limit),
@@ -282,12 +288,12 @@ def preset(p: dict, name: str | None = None) -> dict:
     """The JSON preset of a plan `p`: name, model (shape fields), recipe, train (the fields that differ from
     dense-124m's), provenance."""
     m, c = p["model"], p["chosen"]
-    base = asdict(TRAIN_DEFAULTS["dense-124m"])
+    base = TRAIN_DEFAULTS["dense-124m"].flat()
     f = p["fit"]
     return dict(
         name=name or f"phase2-{m.n_layers}x{m.d_model}",
         model={k: getattr(m, k) for k in SHAPE_FIELDS}, recipe="kit",
-        train={k: v for k, v in asdict(p["train"]).items() if v != base[k]},
+        train={k: v for k, v in p["train"].flat().items() if v != base[k]},
         provenance=dict(
             command="neuronfrontier plan", date=time.strftime("%Y-%m-%d"),
             budget_s=p["budget_s"], chips=p["chips"], launch=f"{p['world']} ranks at LNC={p['lnc']}, FSDP2",

@@ -20,6 +20,7 @@ def _x86_bf16_instructions() -> bool | None:
     if platform.machine().lower() not in ("x86_64", "amd64") or not all(checks): return None
     return any(check() for check in checks)
 
+# %% ../nbs/02_precision.ipynb #8258c967
 def cpu_report() -> dict:
     """What PyTorch says of this CPU: ATen's kernel capability, whether the hardware has bf16 instructions and whether
     oneDNN multiplies bf16 (None: not reported)."""
@@ -42,11 +43,13 @@ def _best_ms(a, b, repeats: int, give_up_ms: float = float("inf")) -> float:
         if best > give_up_ms: break
     return best
 
+# %% ../nbs/02_precision.ipynb #5f14d5de
 def bf16_is_native(report: dict, fp32_ms: float, bf16_ms: float) -> bool:
     "The rule: no report (`cpu_report`) rules bf16 out, and its matmul is no slower than fp32's."
     allowed = report["mkldnn_bf16"] is not False and report.get("bf16_instructions") is not False
     return allowed and bf16_ms <= BF16_FAST * fp32_ms
 
+# %% ../nbs/02_precision.ipynb #d07b1f53
 def _real_tensors():
     """A context where tensors are real and multiply in their own dtype: no dispatch mode (a `FakeTensorMode` tracing
     memory would time nothing), no autocast (which would turn the fp32 matmul into a bf16 one), no autograd."""
@@ -57,6 +60,7 @@ def _real_tensors():
         stack.enter_context(ctx)
     return stack
 
+# %% ../nbs/02_precision.ipynb #67cbe275
 @functools.lru_cache(maxsize=None)
 def probe_cpu_bf16(shape: tuple = PROBE_SHAPE, repeats: int = 5) -> dict:
     """Time a matmul of `shape` (M, K, N) in fp32 and in bf16 on this CPU: `cpu_report()` plus fp32_ms, bf16_ms, their
@@ -126,6 +130,7 @@ def _cpu_why(p: dict) -> str:
             f"{'x'.join(map(str, p['shape']))} matmul takes {p['bf16_ms']:.3g} ms in bf16, {p['fp32_ms']:.3g} ms in "
             f"fp32 ({p['ratio']:.3g}x)")
 
+# %% ../nbs/02_precision.ipynb #78335773
 def bf16_native(device, probe: dict | None = None) -> tuple[bool, str, dict | None]:
     """(whether `device` — a `torch.device` or its type — multiplies bf16 natively, why, the CPU probe's numbers or
     None). `probe`: numbers to decide by instead of this CPU's (tests)."""

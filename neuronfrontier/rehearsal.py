@@ -44,6 +44,7 @@ def _by_kind(snapshot) -> dict:
         out["total" if name == "Total" else _KINDS.get(name, "other")] += int(b)
     return out
 
+# %% ../nbs/93_rehearsal.ipynb #176aaca4
 def package_namespace():
     "The names a rehearsal takes from a submission's train.py, from the package itself."
     import types
@@ -56,6 +57,7 @@ def package_namespace():
                                  use_backend=ops.use_backend,
                                  DataParallel=distributed.DataParallel, choose_precision=precision.choose_precision)
 
+# %% ../nbs/93_rehearsal.ipynb #f88d6034
 def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None) -> dict:
     """Peak bytes by kind of `steps` training steps of `ns`'s model at the shapes of `mcfg`/`tcfg` on one of `world`
     ranks (FakeTensors: nothing computed), then of the evaluation `train.py` runs and of the scorer's forward. A phase
@@ -146,6 +148,7 @@ def _import_submission(standin):
         raise LookupError(f"train.py defines no {', '.join(missing)}: not a submission `neuronfrontier export` wrote")
     return train
 
+# %% ../nbs/93_rehearsal.ipynb #a7fd8826
 def _serve(train, standin):
     "Wrap each op's `nki` implementation so its kernel launches know which op they serve."
     for op in train.OPS:
@@ -156,6 +159,7 @@ def _serve(train, standin):
             run._served = True
             train.register(op, "nki")(run)
 
+# %% ../nbs/93_rehearsal.ipynb #590d0e00
 def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple[dict, dict, list]:
     "Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures)."
     failures = []
@@ -186,6 +190,7 @@ def autocast_escape(call, autocast_bf16: bool) -> str:
     return (f"{'/'.join(other)} matmuls under bf16 autocast (inputs {', '.join(got)}): a custom operator is not "
             f"autocast; cast its operands to ops.kernel_dtype(x)")
 
+# %% ../nbs/93_rehearsal.ipynb #e790b55e
 def _call_record(c) -> dict:
     "A `KernelCall` as a row of rehearsal.json."
     total = sum(c.matmul_flops.values())
@@ -205,6 +210,7 @@ def _on_chip(train, sets, nproc: int):
     tcfg = train.rank_batch(tcfg, mcfg.seq_len, nproc)
     return mcfg, dataclasses.replace(tcfg, dtype=train.choose_precision(tcfg.dtype, "neuron").dtype)
 
+# %% ../nbs/93_rehearsal.ipynb #4a90f3b6
 def _rehearse_here(args: dict, log=print) -> dict:
     "In the submission's directory, a fresh interpreter: import it with the stand-ins, trace its step at its shapes."
     import torch.distributed as dist
@@ -233,6 +239,7 @@ def _rehearse_here(args: dict, log=print) -> dict:
                        "fits": fits, "method": "MemTracker peak over two traced training steps on FakeTensors (CPU "
                                                 "operator semantics), then the evaluation and the scorer's forward"}}
 
+# %% ../nbs/93_rehearsal.ipynb #5cdf9ae0
 def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     """The largest per-rank micro-batch, with gradient accumulation keeping the global batch, whose training step fits
     `limit` both with the kernels and with every op on PyTorch (the fallback a kernel failing on the chip would need).
@@ -255,6 +262,7 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
             return {"batch_size": b, "grad_accum": rows // b, "tried": tried, "limit_bytes": limit}
     return {"batch_size": None, "grad_accum": None, "tried": tried, "limit_bytes": limit}
 
+# %% ../nbs/93_rehearsal.ipynb #bc724d5e
 def _main(arg: str):
     "Entry point of the rehearsal's interpreter: JSON arguments in, findings written as JSON to args['out']."
     args = json.loads(arg)
@@ -278,6 +286,7 @@ def _run_in(sub_dir, args: dict, timeout: float) -> dict:
             raise RuntimeError(f"the rehearsal stopped: {last[:300]}")
         return json.loads(out.read_text()) | {"log": r.stderr.strip().splitlines()[-20:]}
 
+# %% ../nbs/93_rehearsal.ipynb #dae043ac
 def _failures(rep: dict) -> list[str]:
     "One line per failed kernel signature — those a kernel refused first, autocast escapes after — then memory."
     out, seen = [], set()
@@ -297,6 +306,7 @@ def _failures(rep: dict) -> list[str]:
                        f"(neuronfrontier export fits it)")
     return out
 
+# %% ../nbs/93_rehearsal.ipynb #25010fd2
 def rehearse(sub_dir, nproc: int = 8, lnc: int = 1, out=None, hbm_bytes: int | None = None, margin: float = HBM_MARGIN,
              timeout: float = 1800) -> dict:
     """Rehearse the submission in `sub_dir` as `NEURON_LOGICAL_NC_CONFIG=lnc torchrun --nproc_per_node=nproc train.py`
@@ -312,6 +322,7 @@ def rehearse(sub_dir, nproc: int = 8, lnc: int = 1, out=None, hbm_bytes: int | N
     Path(out or Path(sub_dir) / "rehearsal.json").write_text(json.dumps(rep, indent=1))
     return rep
 
+# %% ../nbs/93_rehearsal.ipynb #4a8b23ce
 def summary(rep: dict) -> str:
     "One line: the launch shape, the kernel calls, the memory per rank — or the first failure and how many there are."
     pr, m = rep["per_rank"], rep["memory"]
@@ -330,6 +341,7 @@ def summary(rep: dict) -> str:
             f"({m['hbm_bytes'] / GiB:.0f} GiB, {m['margin']:.0%} margin)"
             + (f"; not traced (data-dependent shapes): {', '.join(untraced)}" if untraced else ""))
 
+# %% ../nbs/93_rehearsal.ipynb #ee514658
 def plan_batch(sub_dir, nproc: int = 8, lnc: int = 1, hbm_bytes: int | None = None, margin: float = HBM_MARGIN,
                timeout: float = 1800) -> dict:
     """The per-rank micro-batch (and gradient accumulation keeping the global batch) at which the submission in

@@ -30,6 +30,7 @@ class Faults:
 
     def __bool__(self): return self != Faults()
 
+# %% ../nbs/25_resilience.ipynb #cdabb0b6
 def parse_faults(spec: str | None) -> Faults:
     "`NF_FAULT` (e.g. 'nan@40,kernel-error:swiglu,slow-save:20') as `Faults`; a ValueError names an unreadable item."
     f, hint = Faults(), ("use nan@STEP, kernel-error:OP, kernel-mismatch:OP, kernel-variant:OP, kernel-import, "
@@ -59,6 +60,7 @@ def _variant(args, kwargs) -> tuple:
     key = lambda a: (tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a)
     return tuple(map(key, args)) + tuple((k, key(v)) for k, v in sorted(kwargs.items()))
 
+# %% ../nbs/25_resilience.ipynb #e67fe80d
 def faulty_impl(op: str, impl, kind: str):
     """A stand-in for OP's nki implementation: `impl` raising on its first call (`kind='error'`), at its second variant
     (`'variant'`), or perturbing results (`'mismatch'`)."""
@@ -75,6 +77,7 @@ def faulty_impl(op: str, impl, kind: str):
         return out * 1.05 if kind == "mismatch" else out
     return run
 
+# %% ../nbs/25_resilience.ipynb #d3ab7f15
 def _raising_import(name: str):
     raise RuntimeError(f"NF_FAULT kernel-import: {name} raised while importing")
 
@@ -107,12 +110,14 @@ def capture_op_calls(model, x, y, ops_wanted, autocast_ctx) -> dict:
     with ops.watched(ops_wanted, record), ops.use_backend(spec), torch.no_grad(), autocast_ctx: model.loss(x, y)
     return seen
 
+# %% ../nbs/25_resilience.ipynb #3da5c912
 def _rel(a, b) -> float:
     "max|a - b| / max|b| in fp64 on the host (inf where a is not finite; fp64 on a Neuron device is not documented)."
     a, b = a.detach().cpu().double(), b.detach().cpu().double()
     if not torch.isfinite(a).all(): return math.inf
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
+# %% ../nbs/25_resilience.ipynb #c8b4f036
 def _fwd_bwd(impl, args, kwargs, seed, autocast_ctx):
     "out and the gradients of the floating-point tensor arguments of `impl(*args, **kwargs)` (a seeded upstream grad)."
     floating = lambda a: isinstance(a, torch.Tensor) and a.is_floating_point()
@@ -122,6 +127,7 @@ def _fwd_bwd(impl, args, kwargs, seed, autocast_ctx):
     out.backward(g)
     return out.detach(), [x.grad for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
 
+# %% ../nbs/25_resilience.ipynb #c4fb2028
 def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, seed: int = 0) -> dict:
     """Run `impl` (OP's implementation on trial) and OP's PyTorch implementation forward and backward on the captured
     arguments: {'ok', 'reason', 'errors', 'impl_s', 'torch_s'}. `sync()` waits for the device."""
@@ -189,6 +195,7 @@ def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda:
     for d in out.values(): d["seconds"] = round(time.perf_counter() - t0, 3)
     return out
 
+# %% ../nbs/25_resilience.ipynb #99fd8573
 def preflight_line(decisions: dict) -> str:
     "One line for stdout: each op's backend and why."
     if not decisions: return "preflight: no op runs an NKI kernel on this device"
@@ -204,6 +211,7 @@ def _to_host(obj):
     if isinstance(obj, (list, tuple)): return type(obj)(_to_host(v) for v in obj)
     return copy.deepcopy(obj)
 
+# %% ../nbs/25_resilience.ipynb #c2fac950
 class HostSnapshot:
     "A host copy of the last finite weights and optimizer state (`take`), put back by `restore`; its costs are counted."
 

@@ -10,6 +10,7 @@ from .clock import process_start_ns, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import env_world
 from .train import RunSpec, train
 from .config import first_line
+from .flags import flag_group, add_flags
 from .data import token_bytes_of
 from .checkpoint import load_for_eval
 
@@ -45,6 +46,7 @@ def load_kit():
     if missing: return None, f"the kit's prepare.py lacks {', '.join(missing)}; the bundled equivalents"
     return kit, f"the kit's prepare.py ({getattr(kit, '__file__', '?')})"
 
+# %% ../nbs/95_submission.ipynb #9ddd75ed
 def kit_tokenizer(kit):
     "(the kit's Tokenizer, its tiktoken Encoding, its token_bytes table) or None where the kit cannot give them."
     try:
@@ -62,6 +64,7 @@ def kit_rows(kit, tok):
         return kit.make_dataloader(tok, tcfg.batch_size, seq_len, "train", "cpu")
     return rows
 
+# %% ../nbs/95_submission.ipynb #b8d0e811
 def kit_data_fails(kit, tok) -> str:
     "'' when the kit's `make_dataloader` gives a first batch (one row of 8 tokens), else why not, in one line."
     try:
@@ -70,6 +73,7 @@ def kit_data_fails(kit, tok) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {first_line(e)}"
 
+# %% ../nbs/95_submission.ipynb #88077c3f
 def kit_scorer(kit, tok):
     "The kit's `evaluate_bpb` on `load_for_eval(final.pt)` at the run's evaluation settings (every rank calls it)."
     def score(run) -> dict:
@@ -97,36 +101,21 @@ def submission_main(argv=None) -> int:
         description=f"Train {CONFIG} (recipe {RECIPE}, overrides {list(SETS)}) and write OUT/final.pt; "
         f"every flag can also be set by the environment variable named in its help."
     )
-    ap.add_argument(
-        "--data",
-        default=env("NF_DATA"),
-        help=f"directory of shard_*.parquet (text column); the last is validation (default: the kit's loader where "
-             f"its prepare.py is beside train.py, else {DATA_DIR}) [NF_DATA]",
-    )
-    ap.add_argument(
-        "--tokenizer",
-        default=env("NF_TOKENIZER", TOKENIZER_DIR),
-        help="directory of tokenizer.pkl + token_bytes.pt [NF_TOKENIZER]",
-    )
-    ap.add_argument("--budget", type=float, default=float(env("NF_BUDGET", 0)) or None,
-                    help="charged seconds, on the runner's clock (default: the kit's budget less 5 s) [NF_BUDGET]")
-    ap.add_argument(
-        "--out", default=env("NF_OUT", OUT_DIR), help="where final.pt, metrics.jsonl and result.json go [NF_OUT]"
-    )
-    ap.add_argument("--steps", type=int, default=None, help="train exactly N steps instead of the budget (tests)")
-    ap.add_argument("--seed", type=int, default=int(env("NF_SEED", "0")), help="[NF_SEED]")
-    ap.add_argument(
-        "--device", default=env("NF_DEVICE", "auto"), help="auto (neuron > cuda > cpu), neuron, cuda or cpu [NF_DEVICE]"
-    )
-    ap.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a baked config field (repeatable)",
-    )
-    ap.add_argument("--quiet", action="store_true", help="no per-step lines")
+    add_flags(ap, flag_group("files", "--data", "--out", "--quiet", env=dict(data="NF_DATA", out="NF_OUT"),
+                             data=dict(help=f"directory of shard_*.parquet (text column); the last is validation "
+                                            f"(default: the kit's loader where its prepare.py is beside train.py, else "
+                                            f"{DATA_DIR})"),
+                             out=dict(default=OUT_DIR, help="where final.pt, metrics.jsonl and result.json go"),
+                             quiet=dict(help="no per-step lines")),
+              flag_group("clock", "--budget", "--steps", env=dict(budget="NF_BUDGET"),
+                         budget=dict(default=None, help="charged seconds, on the runner's clock (default: the kit's "
+                                                        "budget less 5 s)"),
+                         steps=dict(help="train exactly N steps instead of the budget (tests)")),
+              flag_group("what to train", "--seed", "--set", env=dict(seed="NF_SEED"),
+                         set=dict(help="override a baked setting by its name (repeatable)")),
+              flag_group("machines", "--device", env=dict(device="NF_DEVICE")),
+              ("tokenizer", {"--tokenizer": dict(default=env("NF_TOKENIZER", TOKENIZER_DIR),
+                                                 help="directory of tokenizer.pkl + token_bytes.pt [NF_TOKENIZER]")}))
     a = ap.parse_args(argv)
     kit, found = load_kit()
     lead = env_world()[0] == 0

@@ -5,9 +5,8 @@
 # %% ../nbs/65_sweep.ipynb #dcb6885a
 from __future__ import annotations
 import csv, difflib, itertools, json, math, os, random, re, shutil, signal, statistics, subprocess, sys, time
-from dataclasses import fields
 from pathlib import Path
-from .config import ModelConfig, TrainConfig, resolve
+from .config import ModelConfig, TrainConfig, resolve, setting_fields
 
 # %% auto #0
 __all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_settings', 'setting_dir', 'scored', 'run_result',
@@ -15,7 +14,7 @@ __all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_setti
            'collect', 'write_outputs', 'run_sweep']
 
 # %% ../nbs/65_sweep.ipynb #6823cc58
-_FIELDS = sorted({f.name for f in fields(ModelConfig)} | {f.name for f in fields(TrainConfig)} | {"recipe"})
+_FIELDS = sorted(set(setting_fields(ModelConfig)) | set(setting_fields(TrainConfig)) | {"recipe"})
 
 def parse_grid(specs) -> dict[str, list[str]]:
     """`['muon_lr=0.02,0.04', 'batch_size=16']` → {'muon_lr': ['0.02', '0.04'], 'batch_size': ['16']}; one-line
@@ -39,6 +38,7 @@ def parse_grid(specs) -> dict[str, list[str]]:
         grid[key] = values
     return grid
 
+# %% ../nbs/65_sweep.ipynb #252a1b7a
 def grid_settings(grid: dict, random_n: int | None = None, sample_seed: int = 0) -> dict[str, list[str]]:
     """Every combination of `grid` — or `random_n` of them, drawn reproducibly with `sample_seed` — as {name:
     ['key=value', ...]}."""
@@ -58,6 +58,7 @@ def split_setting(overrides, recipe: str | None = None) -> tuple[str | None, lis
     recipes = [o.split("=", 1)[1].strip() for o in overrides if o.split("=", 1)[0].strip() == "recipe"]
     return (",".join(recipes) if recipes else recipe), [o for o in overrides if o.split("=", 1)[0].strip() != "recipe"]
 
+# %% ../nbs/65_sweep.ipynb #c9c4dd73
 def check_settings(config: str, settings: dict, recipe: str | None = None, sets=()) -> None:
     "Resolve every setting like `train` will; a ValueError names the first one that is invalid and why."
     for name, overrides in settings.items():
@@ -70,21 +71,25 @@ FINAL = ("completed", "diverged")
 
 def setting_dir(out, name: str) -> Path: return Path(out) / (re.sub(r"[^\w.=+-]+", "_", name).strip("_") or "default")
 
+# %% ../nbs/65_sweep.ipynb #d209833a
 def scored(res: dict | None) -> bool:
     """Whether a `result.json` is the final one: `train` writes it before evaluating (val_bpb null) and again after; a
     diverged run is not evaluated."""
     return res is not None and (res.get("val_bpb") is not None or res.get("status") == "diverged")
 
+# %% ../nbs/65_sweep.ipynb #0cc5288a
 def run_result(run_dir) -> dict | None:
     "The run's result.json if it is complete and final (completed or diverged), else None."
     try: r = json.loads((Path(run_dir) / "result.json").read_text())
     except (OSError, ValueError): return None
     return r if isinstance(r, dict) and r.get("status") in FINAL and scored(r) else None
 
+# %% ../nbs/65_sweep.ipynb #b64040b1
 def available_cpus() -> list[int]:
     "The CPUs this process may run on."
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
+# %% ../nbs/65_sweep.ipynb #e9b2bcb6
 def slot_cores(jobs: int, threads: int, cpus=None) -> list[set[int] | None]:
     "Disjoint sets of `threads` CPUs for each of `jobs` slots, or None for every slot when they do not fit."
     cpus = available_cpus() if cpus is None else list(cpus)
@@ -96,6 +101,7 @@ def _ms(xs):
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     return (statistics.mean(xs) if xs else math.nan), (statistics.stdev(xs) if len(xs) > 1 else math.nan)
 
+# %% ../nbs/65_sweep.ipynb #1b76a7ed
 def summarize(rows: list[dict], order=None, reference: str | None = None) -> list[dict]:
     "Per setting (in `order`, default first appearance): runs, val_bpb mean/sd, Δ to `reference`, mean tok/s and steps."
     names = list(dict.fromkeys(list(order or []) + [r["setting"] for r in rows]))
@@ -111,6 +117,7 @@ def summarize(rows: list[dict], order=None, reference: str | None = None) -> lis
     for s in out: s["delta"] = s["val_bpb_mean"] - ref if ref is not None else math.nan
     return out
 
+# %% ../nbs/65_sweep.ipynb #dc5172b7
 def pareto_indices(rows: list[dict], bpb: str = "val_bpb_mean", toks: str = "tok_s") -> list[int]:
     """Indices of the rows no other row beats on both `bpb` (lower is better) and `toks` (higher); rows without finite
     values are out."""
@@ -119,10 +126,12 @@ def pareto_indices(rows: list[dict], bpb: str = "val_bpb_mean", toks: str = "tok
     pts = [(i, b, t) for i, b, t in pts if ok(b) and ok(t)]
     return [i for i, b, t in pts if not any(b2 <= b and t2 >= t and (b2 < b or t2 > t) for _, b2, t2 in pts)]
 
+# %% ../nbs/65_sweep.ipynb #d9670ba3
 def pareto_front(summary: list[dict]) -> list[str]:
     "Settings not dominated in (higher tok/s, lower val_bpb), fastest first."
     return [summary[i]["setting"] for i in sorted(pareto_indices(summary), key=lambda i: -summary[i]["tok_s"])]
 
+# %% ../nbs/65_sweep.ipynb #92bccbb2
 def _f(v, fmt): return "" if v is None or (isinstance(v, float) and not math.isfinite(v)) else format(v, fmt)
 
 def table_md(summary: list[dict], sort: bool = False) -> str:
@@ -138,6 +147,7 @@ def table_md(summary: list[dict], sort: bool = False) -> str:
                      + f" {_f(s['tok_s'], ',.0f')} | {_f(s['steps'], '.0f')} | {s['runs']}{bad} |")
     return "\n".join(lines)
 
+# %% ../nbs/65_sweep.ipynb #28a3f86b
 def plot_sweep(summary: list[dict], rows: list[dict], out) -> list[Path]:
     "Write `val_bpb.png` (every seed, mean ± sd per setting) and `pareto.png` (val_bpb against tokens/s) to `out`."
     from matplotlib.figure import Figure  # no pyplot: works headless and inside notebooks alike
@@ -188,7 +198,7 @@ def _check_manifest(out: Path, manifest: dict):
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=1))
 
-
+# %% ../nbs/65_sweep.ipynb #8bbfd7bd
 def collect(out, settings: dict, seeds) -> list[dict]:
     "One row per finished run of `settings` × `seeds` under `out` (settings order, then seed)."
     rows = []
@@ -213,6 +223,7 @@ def collect(out, settings: dict, seeds) -> list[dict]:
             )
     return rows
 
+# %% ../nbs/65_sweep.ipynb #cc0700b4
 def write_outputs(
     out, rows: list[dict], settings: dict, reference: str | None = None, plots: bool = True
 ) -> list[dict]:
@@ -231,6 +242,7 @@ def write_outputs(
     if plots and summary: plot_sweep(summary, rows, out)
     return summary
 
+# %% ../nbs/65_sweep.ipynb #a13836c6
 def _check_sweep(config, settings, out, budget_s, steps, recipe, sets, jobs, reference):
     "A sweep's arguments, each problem in one line that names its fix (before anything starts)."
     if jobs < 1: raise ValueError(f"--jobs {jobs}: must be at least 1")
@@ -242,6 +254,7 @@ def _check_sweep(config, settings, out, budget_s, steps, recipe, sets, jobs, ref
         raise ValueError("two settings map to the same directory; rename one")
     check_settings(config, settings, recipe, sets)
 
+# %% ../nbs/65_sweep.ipynb #f5e35af5
 def _train_cmd(config, setting, seed, rd, data_dir, device, steps, budget_s, recipe, sets) -> list[str]:
     "The command line of one run of a sweep: `setting` (its recipe and `key=value`s) at `seed`, into `rd`."
     rec, own = split_setting(setting, recipe)
@@ -250,6 +263,7 @@ def _train_cmd(config, setting, seed, rd, data_dir, device, steps, budget_s, rec
     cmd += ["--steps", str(steps)] if steps else ["--budget", str(budget_s)]
     return cmd + (["--recipe", rec] if rec else []) + [x for kv in list(sets) + own for x in ("--set", kv)]
 
+# %% ../nbs/65_sweep.ipynb #a0dc172c
 def _interrupt(procs):
     "Ctrl-C: ask each running run to stop (it saves and scores what it has), then wait for it (kill after 5 minutes)."
     for p in procs: p.send_signal(signal.SIGINT)
@@ -257,6 +271,7 @@ def _interrupt(procs):
         try: p.wait(timeout=300)
         except subprocess.TimeoutExpired: p.kill()
 
+# %% ../nbs/65_sweep.ipynb #96be2ba7
 def run_sweep(
     config: str,
     settings: dict,

@@ -39,6 +39,7 @@ def compare_backends(op: str, *args, backend: str = "nki-sim", ref: str = "torch
     keys = ["out"] + [f"d{n}" for n, a in zip(names, args) if torch.is_tensor(a) and a.is_floating_point()]
     return {k: rel_err(a, b) for k, a, b in zip(keys, *runs)}
 
+# %% ../nbs/19_kernel_testing.ipynb #ce0d1f61
 def attention_errors(B, H, T, d, dtype=torch.float32, seed=0, backend="nki-sim") -> dict:
     "`compare_backends` for causal attention on seeded q, k, v [B, H, T, d] of `dtype`, against fp32 SDPA autograd."
     g = torch.Generator().manual_seed(seed)
@@ -81,6 +82,7 @@ def traffic(kernel, *args, dry: bool = False, **kwargs):
     simulate(kernel)(*args, **kwargs)
     return last_trace()
 
+# %% ../nbs/19_kernel_testing.ipynb #78f14747
 def instruction_report(name: str, trace) -> str:
     """One line: ISA instructions per core (against the compiler's limit) by engine, and HBM bytes, of a kernel call's
     `Trace`."""

@@ -44,6 +44,7 @@ class KernelCall:
         shapes = ', '.join(f"{a[1].replace('torch.', '')}{list(a[0])}" for a in self.args if isinstance(a, tuple))
         return f"{self.kernel}[{self.lnc}] ({self.op or 'no op'}, {self.direction}; {shapes})"
 
+# %% ../nbs/17_torchneuron.ipynb #ed6daa12
 class KernelFailure(RuntimeError):
     "A kernel launch failed in the simulator (the kernel's assert, a trn2 rule, the instruction limit): `.call`."
     def __init__(self, call: KernelCall):
@@ -59,11 +60,13 @@ def _spec(out):
     if isinstance(out, (tuple, list)): return tuple(_spec(o) for o in out)
     return (tuple(out.shape), out.dtype)
 
+# %% ../nbs/17_torchneuron.ipynb #79ce1a9e
 def _zeros(spec, device):
     if isinstance(spec[0], tuple) and not isinstance(spec[1], torch.dtype):   # a tuple of outputs
         return tuple(_zeros(s, device) for s in spec)
     return torch.zeros(spec[0], dtype=spec[1], device=device)
 
+# %% ../nbs/17_torchneuron.ipynb #36fa1e45
 def _failure_reason(e: BaseException) -> str:
     "One line: the exception type and the first line of its message."
     msg = first_line(e, limit=10_000)
@@ -79,6 +82,7 @@ def _check_graph_lnc(kernel, lnc: int, launch: str):
                          f"using LNC={graph} (NEURON_LOGICAL_NC_CONFIG, default 2 on trn2); "
                          f"launch it as {launch}[{graph}]")
 
+# %% ../nbs/17_torchneuron.ipynb #54bb897a
 class TorchNeuronStandIn:
     "`torch_neuronx.nki_op` and `wrap_nki` on a CPU: custom operators whose kernels run in the simulator (`calls`)."
     _ids = itertools.count()
@@ -135,6 +139,7 @@ class TorchNeuronStandIn:
             return self._launch(kernel, lnc, *args, via="direct")
         sim.LAUNCH_HOOK[0] = direct
 
+# %% ../nbs/17_torchneuron.ipynb #82cd2c5c
 class _Op:
     "What `nki_op` returns: call it like the operator; `register_autograd` marks the launches of its backward as 'bwd'."
     def __init__(self, opdef, standin, name): self.opdef, self.standin, self.name = opdef, standin, name
@@ -156,6 +161,7 @@ class _Launcher:
         return functools.partial(self.standin._launch, self.kernel, lnc)
     def __call__(self, *args): return self[1](*args)
 
+# %% ../nbs/17_torchneuron.ipynb #c89f7662
 def _launch(self, kernel, lnc, *args, via="wrap_nki"):
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     dry = any(_valueless(t) for t in tensors)

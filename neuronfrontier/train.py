@@ -4,13 +4,14 @@
 
 # %% ../nbs/30_train.ipynb #ecca3157
 from __future__ import annotations
-import contextlib, json, math, os, queue, signal, sys, threading, time
+import contextlib, json, math, os, signal, sys, time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line
+from .config import (ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line,
+                                   grouped)
 from .data import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader,
                                  val_batches, unigram_bpb)
 from .model import GPT
@@ -18,16 +19,17 @@ from .optim import build_optimizers, lr_multiplier, apply_schedule, local_shard
 from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
 from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
-from .distributed import init_distributed, rank_rows, agree_max, DataParallel, parallelize
+from .distributed import init_distributed, agree_max, DataParallel, parallelize
+from .batches import Prefetcher, _training_rows
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
 from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
 
 # %% auto #0
-__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'autocast', 'train_step', 'Prefetcher',
-           'rank_loader', 'RunSpec', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop', 'finish', 'run_preflight',
-           'train']
+__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'autocast', 'train_step', 'RunClock',
+           'KitHooks', 'RunSpec', 'RunPlace', 'RunData', 'RunProgress', 'Run', 'setup', 'warm_up', 'save_checkpoints',
+           'loop', 'finish', 'run_preflight', 'train']
 
 # %% ../nbs/30_train.ipynb #112a71b3
 def reuse_freed_memory() -> bool:
@@ -51,6 +53,7 @@ def autocast(device: torch.device, dtype: str):
     if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
+# %% ../nbs/30_train.ipynb #b61b795d
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None,
                parallel: DataParallel | None = None, lr_scale: float = 1.0, poison: bool = False,
                step: int | None = None) -> torch.Tensor:
@@ -83,6 +86,7 @@ def _log_line(rec: dict) -> str:
     return (f"step {rec['step']:5d} | loss {rec['loss']:.4f} | lr x{rec['lr_mult']:.3f} | "
             f"{rec['tok_s']:,.0f} tok/s{mfu} | {rec['time_s']:.1f}s")
 
+# %% ../nbs/30_train.ipynb #0a0c5228
 class _Progress:
     "A progress bar on a terminal when given a tqdm-like `bar` class (the CLI's), plain lines otherwise."
     def __init__(self, total_s, enabled=True, bar=None):
@@ -100,59 +104,12 @@ class _Progress:
     def close(self):
         if self.bar is not None: self.bar.close()
 
+# %% ../nbs/30_train.ipynb #052417a0
 UNIFORM_STRIKES = 3  # consecutive post-warm-up log steps at loss >= ln V - 0.01 that count as divergence
 
 def _all_finite(model) -> bool:
     "One host read: are all of `model`'s parameters finite?"
     return bool(torch.stack([torch.isfinite(local_shard(p)).all() for p in model.parameters()]).all())  # own rows
-
-# %% ../nbs/30_train.ipynb #7945d88b
-class Prefetcher:
-    """Iterate `source` up to `depth` items ahead in a background thread (`depth=0`: inline); `consumed` counts the
-    items handed out."""
-
-    def __init__(self, source, depth: int = 2):
-        if depth < 0: raise ValueError(f"prefetch={depth}: must be >= 0 (0: no prefetching)")
-        self.source, self.depth, self.consumed = iter(source), depth, 0
-        self._stop, self._thread = threading.Event(), None
-        if depth:
-            self._q = queue.Queue(maxsize=depth)
-            self._thread = threading.Thread(target=self._produce, name="prefetch", daemon=True)
-            self._thread.start()
-
-    def _put(self, msg) -> bool:
-        while not self._stop.is_set():  # wake up now and then so that `close` is never stuck behind a full queue
-            try:
-                self._q.put(msg, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def _produce(self):
-        try:
-            for item in self.source:
-                if not self._put((True, item)): return
-            self._put((False, None))  # exhausted
-        except Exception as e: self._put((False, e))  # raised in the consumer's thread
-
-    def __iter__(self): return self
-
-    def __next__(self):
-        if self._thread is None: item = next(self.source)
-        else:
-            ok, item = self._q.get()
-            if not ok:
-                self._q.put((False, item))  # stay exhausted (or failing) for the next call
-                if item is None: raise StopIteration
-                raise item
-        self.consumed += 1
-        return item
-
-    def close(self):
-        "Stop the background thread (the items it has packed ahead are dropped)."
-        self._stop.set()
-        if self._thread is not None: self._thread.join(timeout=10)
 
 # %% ../nbs/30_train.ipynb #660e895e
 def _inductor_cache_per_capability():
@@ -166,7 +123,7 @@ def _inductor_cache_per_capability():
     if forced and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default_cache_dir()) == default_cache_dir():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}_{forced.lower()}"
 
-
+# %% ../nbs/30_train.ipynb #397850f6
 def _compiled(fn, dev: torch.device):
     """`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an
     error, not a slow path)."""
@@ -176,7 +133,7 @@ def _compiled(fn, dev: torch.device):
         fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {})
     )
 
-
+# %% ../nbs/30_train.ipynb #55a2223b
 def _truncate_metrics(path: Path, step: int):
     "Keep the metrics lines up to `step` (and none that a killed process left half-written)."
     if not path.exists(): return
@@ -187,64 +144,49 @@ def _truncate_metrics(path: Path, step: int):
         if rec["step"] <= step: keep.append(line + "\n")
     path.write_text("".join(keep))
 
-def rank_loader(paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
-    """(loader, this rank's batches). `data_sharding='rank'`: the rank reads every world-th document and packs its
-    own `batch_size` rows — the same distribution and global batch, a world-th of the host work. `'global'`: every
-    rank packs the whole global batch and keeps its rows — what one process would train on, row for row (for equality
-    tests)."""
-    if tcfg.data_sharding == "rank":
-        loader = PackedLoader(paths, enc, tcfg.batch_size, seq_len, rank=rank, world_size=world, seed=seed)
-        return loader, loader
-    loader = PackedLoader(paths, enc, tcfg.batch_size * world, seq_len, seed=seed)
-    return loader, rank_rows(loader, rank, world)
-
-
-class _GivenRows:
-    "Batches from a loader that is not ours (the kit's): `skip(n)` drops n of them (a resumed run); ints as int64."
-    def __init__(self, batches): self.batches = iter(batches)
-    def __iter__(self): return self
-    def __next__(self):
-        x, y = next(self.batches)[:2]
-        return x.long().cpu(), y.long().cpu()
-    def skip(self, n: int):
-        for _ in range(n): next(self)
-
-def _training_rows(spec, paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
-    "(loader, this rank's batches): the given loader's (`spec.rows`) where there is one, else `rank_loader`'s."
-    if spec.rows is None: return rank_loader(paths, enc, tcfg, seq_len, rank, world, seed)
-    rows = _GivenRows(spec.rows(seed, tcfg, seq_len))
-    return rows, rows
-
 # %% ../nbs/30_train.ipynb #415a7371
 @dataclass
+class RunClock:
+    "How long a run trains and how its time is charged (26_clock)."
+    budget_s: float | None = 300.0               # seconds of charged training time (ignored with `steps`)
+    steps: int | None = None                     # exactly this many steps instead of a budget
+    budget_mode: str | None = None               # 'charged', 'wall' or 'competition'; None: competition on Neuron,
+                                                 # wall with charge_warmup, else charged (26_clock)
+    startup_allowance_s: float | None = None     # wall and competition: start-up seconds that are not charged;
+                                                 # None: the kit's cap (900 s) in competition mode, else 0
+    excluded_steps: int = STARTUP_STEPS_EXCLUDED  # competition: steps before the charged clock starts (the kit's 5)
+    ckpt_every_s: float | None = None            # also write the checkpoints every so many seconds
+    started_ns: int | None = None                # where wall mode counts from (the CLI: the process's start); None: now
+
+# %% ../nbs/30_train.ipynb #6a94603c
+@dataclass
+class KitHooks:
+    "What the organisers' kit hands a submission's run (32_kit_prepare); None: ours."
+    tokenizer: tuple | None = None               # (tiktoken Encoding, token_bytes) given as they are (the kit's)
+    rows: Callable | None = None                 # rows(seed, tcfg, seq_len): this rank's (x, y) batches (the kit's
+                                                 # make_dataloader); None: ours, from data_dir's shards
+    score: Callable | None = None                # score(run) -> dict, on every rank after the final save (the kit's
+                                                 # evaluate_bpb); its result goes to result.json's `scorer`
+    on_step: Callable[[int], None] | None = None  # called on every rank after each optimizer step with its 0-based
+                                                 # index (a submission: the kit's record_step_boundary)
+
+# %% ../nbs/30_train.ipynb #51d5f6ca
+@grouped(clock=RunClock, kit=KitHooks)
+@dataclass(init=False)
 class RunSpec:
-    "What a run is asked to do: the arguments of `train`, the same whoever builds them."
+    "What a run is asked to do: the arguments of `train`, the same whoever builds them; any setting by its name."
     config: str = "cpu-tiny"                     # a preset of `config.CONFIGS`
     data_dir: str | Path = "data/cache/pydocs"   # the prepared shards (and the tokenizer, unless `tokenizer_dir`)
     out_dir: str | Path = "runs/latest"          # metrics.jsonl, result.json, final.pt, resume.pt
-    budget_s: float | None = 300.0               # seconds of charged training time (ignored with `steps`)
-    steps: int | None = None                     # exactly this many steps instead of a budget
     seed: int = 0
     device: str | None = None                    # cpu, cuda, neuron; None or "auto": the best available
     sets: tuple = ()                             # KEY=VALUE overrides of the preset's settings
     recipe: str | None = None                    # a named recipe; None: the preset's default
     resume: bool = False                         # continue from out_dir/resume.pt
     verbose: bool = True                         # per-step lines (or a progress bar) on the lead rank
-    budget_mode: str | None = None               # 'charged', 'wall' or 'competition'; None: competition on Neuron,
-                                                 # wall with charge_warmup, else charged (26_clock)
-    startup_allowance_s: float | None = None     # wall and competition: start-up seconds that are not charged;
-                                                 # None: the kit's cap (900 s) in competition mode, else 0
-    excluded_steps: int = STARTUP_STEPS_EXCLUDED  # competition: steps before the charged clock starts (the kit's 5)
-    on_step: Callable[[int], None] | None = None  # called on every rank after each optimizer step with its 0-based
-                                                 # index (a submission: the kit's record_step_boundary)
-    ckpt_every_s: float | None = None            # also write the checkpoints every so many seconds
-    started_ns: int | None = None                # where wall mode counts from (the CLI: the process's start); None: now
     tokenizer_dir: str | Path | None = None      # None: data_dir/tokenizer
-    tokenizer: tuple | None = None               # (tiktoken Encoding, token_bytes) given as they are (the kit's)
-    rows: Callable | None = None                 # rows(seed, tcfg, seq_len): this rank's (x, y) batches (the kit's
-                                                 # make_dataloader); None: ours, from data_dir's shards
-    score: Callable | None = None                # score(run) -> dict, on every rank after the final save (the kit's
-                                                 # evaluate_bpb); its result goes to result.json's `scorer`
+    clock: RunClock = field(default_factory=RunClock)   # budget or steps, and how time is charged
+    kit: KitHooks = field(default_factory=KitHooks)     # the organisers' tokenizer, rows, scorer and step log
 
     def check(self) -> RunSpec:
         "Raise a one-line `ValueError` for a setting no run can use; returns itself."
@@ -257,35 +199,30 @@ class RunSpec:
 
 # %% ../nbs/30_train.ipynb #092f0ad5
 @dataclass
-class Run:
-    "Everything one training process holds: `setup` builds it; `warm_up`, `loop` and `finish` read and update it."
-    spec: RunSpec                 # what was asked
-    mcfg: ModelConfig             # the resolved model settings
-    tcfg: TrainConfig             # the resolved training settings, with this rank's micro-batch and accumulation
+class RunPlace:
+    "Where one process trains: its device, its rank, and the group the ranks agree through."
     dev: torch.device             # this process's device
     rank: int
     world: int                    # processes in the job
     ctrl: object                  # the host-side group the ranks agree through (None: the default group)
     owned: bool                   # this process joined the process group, and leaves it at the end
+
+# %% ../nbs/30_train.ipynb #fec18e8e
+@dataclass
+class RunData:
+    "What it reads: the shards, the tokenizer and this rank's packed stream."
     train_paths: list             # the training shards
     val_path: Path                # the validation shard
     tok_dir: Path
     enc: object                   # the tokenizer
     token_bytes: torch.Tensor     # UTF-8 bytes per token id (0: a special token)
-    out: Path                     # the run directory: final.pt (what the scorer loads), resume.pt, metrics, result
-    model: GPT
-    opts: list                    # the optimisers (Muon, AdamW)
-    parallel: DataParallel        # how the model is shared out: gradient sync, clipping, consolidated checkpoints
     loader: PackedLoader          # the packed stream; a resumed run skips what was consumed
     batches: Prefetcher           # this rank's batches, packed ahead of the step
-    state: dict                   # checkpointed: step, train_ns, tokens, last_step_ns (and what the loop adds)
-    loss_fn: Callable             # `model.loss`, or its compiled version
-    tokens_per_step: int          # over all ranks
-    fpt: float                    # model FLOPs per token, for the MFU
-    hwn: str                      # the `hw` entry the MFU is measured against
-    faults: object                # NF_FAULT, parsed (`resilience.parse_faults`)
-    precision: Precision          # the dtype it trains in (tcfg.dtype), what was asked and why (02_precision)
-    # filled in as the run goes
+
+# %% ../nbs/30_train.ipynb #7bd21c99
+@dataclass
+class RunProgress:
+    "What the run fills in as it goes."
     kernels: dict = field(default_factory=dict)                  # the preflight's decisions, per op
     compile_info: dict | None = None                             # compile=true: used, seconds, reason
     snapshot: HostSnapshot = field(default_factory=HostSnapshot)  # the last finite state, on the host
@@ -294,6 +231,30 @@ class Run:
     reserve_ns: int = 0                                          # training time kept free for the final save
     save_s: float | None = None                                  # the last write of final.pt, in seconds
     nonfinite: torch.Tensor | None = None                        # on the device: a non-finite loss since the last read
+
+# %% ../nbs/30_train.ipynb #4b9915f4
+@grouped(place=RunPlace, data=RunData, progress=RunProgress)
+@dataclass(init=False)
+class Run:
+    """Everything one training process holds: `setup` builds it; `warm_up`, `loop` and `finish` read and update it.
+    Its groups' fields read by name too (`run.rank` is `run.place.rank`)."""
+    spec: RunSpec                 # what was asked
+    mcfg: ModelConfig             # the resolved model settings
+    tcfg: TrainConfig             # the resolved training settings, with this rank's micro-batch and accumulation
+    precision: Precision          # the dtype it trains in (tcfg.dtype), what was asked and why (02_precision)
+    out: Path                     # the run directory: final.pt (what the scorer loads), resume.pt, metrics, result
+    model: GPT
+    opts: list                    # the optimisers (Muon, AdamW)
+    parallel: DataParallel        # how the model is shared out: gradient sync, clipping, consolidated checkpoints
+    loss_fn: Callable             # `model.loss`, or its compiled version
+    state: dict                   # checkpointed: step, train_ns, tokens, last_step_ns (and what the loop adds)
+    tokens_per_step: int          # over all ranks
+    fpt: float                    # model FLOPs per token, for the MFU
+    hwn: str                      # the `hw` entry the MFU is measured against
+    faults: object                # NF_FAULT, parsed (`resilience.parse_faults`)
+    place: RunPlace               # device, rank, world
+    data: RunData                 # shards, tokenizer, batches
+    progress: RunProgress = field(default_factory=RunProgress)   # filled in as the run goes
 
     @property
     def lead(self) -> bool: return self.rank == 0   # rank 0 alone writes files and prints
@@ -417,6 +378,7 @@ def _stop_signals():
         except ValueError: pass  # not the main thread
     return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
 
+# %% ../nbs/30_train.ipynb #7e8248a5
 def save_checkpoints(run: Run, model_only: bool = False):
     """Rank 0 writes `final.pt` and (unless `model_only`) `resume.pt`, each atomically; the other ranks wait for it. The
     time goes to `state['ckpt_ns']`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
@@ -448,6 +410,7 @@ def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_
         return f"loss {loss:.4f} >= ln V = {uniform:.4f} (uniform prediction) at {strikes} log steps after warm-up"
     return ""
 
+# %% ../nbs/30_train.ipynb #2ceee6aa
 def _roll_back(run: Run, problem: str) -> bool:
     "Put back the last finite state, lower the learning rate; False when no rollback is left (or there is no state)."
     tcfg = run.tcfg
@@ -461,6 +424,7 @@ def _roll_back(run: Run, problem: str) -> bool:
             f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
     return True
 
+# %% ../nbs/30_train.ipynb #2a738831
 class _Guard:
     "Strikes at the uniform loss, the best loss, rollbacks and snapshots: what a logged step's loss decides."
     def __init__(self, run: Run):
@@ -524,6 +488,7 @@ def _agree(run: Run, clock: Clock, stop: dict, pred_ns: int, due: bool) -> tuple
     stop["set"] = bool(asked)
     return pred_ns, bool(due)
 
+# %% ../nbs/30_train.ipynb #37e356e8
 def _time_step(run: Run, clock: Clock, watchdog: Watchdog, started_ns: int, synced: bool, waits: dict):
     "Charge the step that began at `started_ns`; `waits`: the steps queued since the device was last waited for."
     free = clock.pending   # competition mode's excluded steps: not charged, and waited for
@@ -608,6 +573,7 @@ def loop(
         run.batches.close()  # the loader's statistics are final from here on
     return status, why, last_loss
 
+# %% ../nbs/30_train.ipynb #5873b559
 def _update_reserve(run: Run, clock: Clock):
     """In `wall` mode, keep free what the last write of final.pt took (rank 0 measured it; the loop shares it), or an
     estimate."""
@@ -629,6 +595,7 @@ def _last_finite(run: Run, status: str):
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
 
+# %% ../nbs/30_train.ipynb #fac77857
 def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float,
             saved_at_s: float) -> dict:
     "result.json's dict of a finished training, before its evaluation."
@@ -668,6 +635,7 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
     return res
 
+# %% ../nbs/30_train.ipynb #220e99ef
 def _score(run: Run, model, res: dict):
     "Score the validation tokens (sharded over the ranks) into `res`: val_bpb, the unigram baseline, eval seconds."
     tcfg, world = run.tcfg, run.world
@@ -686,6 +654,7 @@ def _score(run: Run, model, res: dict):
         res["unigram_bpb"] = unigram_bpb(fit, vb, run.token_bytes, run.enc.n_vocab)
     res["eval_s"] = (time.perf_counter_ns() - te) / 1e9
 
+# %% ../nbs/30_train.ipynb #392433cc
 def finish(
     run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float
 ) -> dict:
@@ -739,6 +708,7 @@ def _allowance_s(spec: RunSpec, mode: str) -> float:
     if spec.startup_allowance_s is not None: return spec.startup_allowance_s
     return STARTUP_CAP_S if mode == "competition" else 0.0
 
+# %% ../nbs/30_train.ipynb #f6f91c96
 def _compile_limit_s(spec: RunSpec, tcfg: TrainConfig, mode: str, t0_ns: int) -> float | None:
     """Seconds compilation may take: in competition mode what is left of the free start-up, less a margin; in the other
     budgeted modes `compile_frac` of the budget; none for a run of fixed steps."""

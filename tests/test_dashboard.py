@@ -48,7 +48,7 @@ def test_stream_follows_a_file_being_written(runs, monkeypatch):
     """A writer appends records in pieces (lines split mid-way) while the stream is open: each record arrives once, whole.
     The writer goes on only once the stream has read what it wrote (counted reads), so the records come in several
     events however slowly the machine serves the request."""
-    import neuronfrontier.dashboard as D
+    import neuronfrontier.dashboard.server as D   # the stream reads through the server module's read_new
     m = runs / "r1" / "metrics.jsonl"; m.write_text("")
     reads, real = threading.Semaphore(0), D.read_new
     def counted(*a, **k):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from neuronfrontier import bundler as B
+from neuronfrontier import shipping as S
 from neuronfrontier.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_OPS
 
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     "cpu-micro as exported (dtype=auto: bf16 autocast on the chip), without the memory plan: 2 × 512 tokens per rank."
-    return B.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", fit=False)
+    return S.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", fit=False)
 
 
 def _edited(src: Path, dst: Path, rel: str, old: str, new: str) -> Path:
@@ -110,7 +110,7 @@ def test_an_op_that_escapes_autocast(micro, tmp_path):
 def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
     """The backward as the previous release launched it — every token of the rank in one call — at d_model 768
     (dense-124m's width) and 4,096 tokens a rank: its own SBUF precondition refuses it; the rehearsal names it."""
-    d = B.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
+    d = S.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
     chunked = ("        return swiglu_backward(x, wg, wu, dh, launch(swiglu_bwd_kernel), logical_cores())"
                "   # dW: fp32 sums\n")
     whole = ("        dx, g, u = swiglu_bwd_kernel[logical_cores()](x, wg, wu, dh)\n"   # directly, as then

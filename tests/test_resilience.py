@@ -9,7 +9,8 @@ import torch
 from conftest import cli
 from neuronfrontier import clock, ops
 from neuronfrontier import train as T
-from neuronfrontier import bundler as B
+from neuronfrontier.batches import rank_loader
+from neuronfrontier import shipping as S
 from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer
 from neuronfrontier.config import resolve
 from neuronfrontier.resilience import time_limit
@@ -152,13 +153,13 @@ def test_each_rank_packs_only_its_rows(pydocs):
     train_paths, _ = find_shards(pydocs)
     enc, _ = load_tokenizer(pydocs / "tokenizer")
     _, t = resolve("cpu-micro", sets=["batch_size=2"])
-    mine = [T.rank_loader(train_paths, enc, t, 128, r, 2, 0) for r in (0, 1)]
+    mine = [rank_loader(train_paths, enc, t, 128, r, 2, 0) for r in (0, 1)]
     xs = [next(iter(rows))[0] for _, rows in mine]
     assert all(x.shape == (2, 128) for x in xs) and not torch.equal(xs[0], xs[1])
     assert all(l.rank == r and l.world == 2 and l.B == 2 for r, (l, _) in enumerate(mine))
     t_global = resolve("cpu-micro", sets=["batch_size=2", "data_sharding=global"])[1]
     one = next(PackedLoader(train_paths, enc, 4, 128, seed=0))[0]
-    halves = [next(iter(T.rank_loader(train_paths, enc, t_global, 128, r, 2, 0)[1]))[0] for r in (0, 1)]
+    halves = [next(iter(rank_loader(train_paths, enc, t_global, 128, r, 2, 0)[1]))[0] for r in (0, 1)]
     assert torch.equal(torch.cat(halves), one)
 
 
@@ -167,7 +168,7 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     """The done-when, every fault in one run: torchrun --nproc_per_node 2 train.py of a cpu-micro export with a NaN, a
     kernel that raises, a kernel that is wrong, a slow disk and a slow start ends within its wall budget with a finite
     final.pt whose val_bpb, scored through the export's load_for_eval, is below the unigram baseline."""
-    d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
+    d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
                  data_dir=pydocs, tokenizer_dir=pydocs / "tokenizer", fit=False)
     budget = 40
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1",
@@ -197,7 +198,7 @@ def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, bud
     "Each fault alone, as the issue states them: within the budget, a finite final.pt below the unigram baseline."
     # a start-up delay: a warm-up of 10% of what is left (~3 s, ~10 steps here) and every step logged, so its start shows
     sets = ["warmup_frac=0.1", "log_every=1"] if fault.startswith("startup") else ["log_every=5"]
-    d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,
+    d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,
                  tokenizer_dir=pydocs / "tokenizer", fit=False)
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1", NF_FAULT=fault)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"],
@@ -221,7 +222,7 @@ def test_an_exported_submission_survives_kernels_that_fail_late(pydocs, tmp_path
     """A kernel module that raises when imported, and a kernel that passes the preflight and fails at its second
     variant (rms_norm: d_model, then the QK-norm at d_head): the op falls back to PyTorch, the run ends with a finite
     out/final.pt, and result.json says what was given up."""
-    d = B.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192"], data_dir=pydocs,
+    d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192"], data_dir=pydocs,
                  tokenizer_dir=pydocs / "tokenizer", fit=False)
     env = dict(os.environ, NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1", NF_FAULT=fault)
     # preflight=false: the preflight would keep PyTorch for the stand-in kernel when it times slower (it wraps PyTorch),

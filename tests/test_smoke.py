@@ -123,7 +123,7 @@ def _kit_prepare(data):
 
 
 def _contract(data):
-    from neuronfrontier.bundler import launch_line
+    from neuronfrontier.shipping import launch_line
     from neuronfrontier.contract import check_launch
     assert check_launch(launch_line(8, 1))[0]
 
@@ -206,13 +206,24 @@ CALLS = {
     "neuronfrontier.sim.tensor": lambda data: importlib.import_module("neuronfrontier.sim.tensor")._dtype("bfloat16"),
     "neuronfrontier.sim.trace": lambda data: importlib.import_module("neuronfrontier.sim.trace").zeros((128, 4), "float32"),
     "neuronfrontier.sim.isa": _sim_isa,
+    "neuronfrontier.sim.pe": lambda data: importlib.import_module("neuronfrontier.sim.pe")._MM_DTYPES >= {"bfloat16", "float32"},
     "neuronfrontier.sim.language": _sim_language,
     "neuronfrontier.torchneuron": _torchneuron,
     "neuronfrontier.rehearsal": _rehearsal,
     "neuronfrontier.resilience": lambda data: importlib.import_module("neuronfrontier.resilience").parse_faults("nan@3").nan_at == 3,
     "neuronfrontier.dashboard": lambda data: importlib.import_module("neuronfrontier.dashboard").run_summary(data, "pydocs", False),
+    "neuronfrontier.dashboard.runs": lambda data: importlib.import_module("neuronfrontier.dashboard.runs").list_runs(data),
+    "neuronfrontier.dashboard.kernels": lambda data: importlib.import_module("neuronfrontier.dashboard.kernels").downsample_timeline(
+        [(0, 1, 0), (1, 3, 2)], max_points=1)["sbuf"] == [3],
+    "neuronfrontier.dashboard.judge": lambda data: importlib.import_module("neuronfrontier.dashboard.judge").result_label({"meta": {}}) is not None,
+    "neuronfrontier.dashboard.launcher": lambda data: importlib.import_module("neuronfrontier.dashboard.launcher").BUDGETS[0] == 10,
+    "neuronfrontier.dashboard.server": lambda data: importlib.import_module("neuronfrontier.dashboard.server").static_dir().is_dir(),
+    "neuronfrontier.flags": lambda data: importlib.import_module("neuronfrontier.flags").flag_group("clock", "--steps")[1],
     "neuronfrontier.submission": _submission,
+    "neuronfrontier.batches": lambda data: list(importlib.import_module("neuronfrontier.batches").Prefetcher(iter(range(3)), 1)) == [0, 1, 2],
     "neuronfrontier.bundler": _bundler,
+    "neuronfrontier.shipping": lambda data: importlib.import_module("neuronfrontier.shipping").launch_line(4, 2).startswith(
+        "NEURON_LOGICAL_NC_CONFIG=2 "),
     "neuronfrontier.contract": _contract,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),

@@ -8,6 +8,7 @@ from conftest import cli
 from neuronfrontier.data import find_shards, load_tokenizer, val_batches
 from neuronfrontier.evaluate import evaluate_bpb
 from neuronfrontier import bundler as B
+from neuronfrontier import shipping as S
 from neuronfrontier import contract as C
 from neuronfrontier.cli import main
 
@@ -39,14 +40,14 @@ def test_train_py_is_self_contained_and_generated(sub):
     # sections in notebook order, comments kept, package prefixes gone; ops.backend_for and config.resolve both kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
     assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim",
-                                                     "resilience", "clock", "distributed", "evaluate", "checkpoint",
-                                                     "train", "submission")]
+                                                     "resilience", "clock", "distributed", "evaluate", "batches",
+                                                     "checkpoint", "train", "flags", "submission")]
     assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
     # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
     assert "KERNEL_MODULES = ('nf_kernels',)" in src
     for n in ("rmsnorm", "swiglu", "attention", "cross_entropy"):
-        assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == B._kernel_source(n)
+        assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == S._kernel_source(n)
     assert not (d / "nf_kernels" / "kernels" / "moe.py").exists()   # a dense model never calls the MoE kernel
 
 
@@ -56,7 +57,7 @@ def test_an_moe_submission_trains_and_ships_the_expert_kernel(pydocs, tmp_path):
     d = tmp_path / "moe"
     r = cli("export", "--config", "cpu-tiny-moe", "--data", pydocs, "--out", d, "--set", "eval_tokens=4096")
     assert r.returncode == 0, r.stderr
-    assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == B._kernel_source("moe")
+    assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == S._kernel_source("moe")
     p = subprocess.run([sys.executable, "train.py", "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"], cwd=d, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "val_bpb=" in p.stdout, p.stderr[-3000:]
     res = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -18,6 +18,7 @@ def _isz(t):
     "Bytes per element of a kernel tensor (bf16 or fp32)."
     return 2 if t.dtype == nl.bfloat16 else 4
 
+# %% ../../nbs/14_kernel_attention.ipynb #c82a717b
 def sbuf_bytes(kind: str, T: int, d: int, itemsize: int, resident: bool) -> int:
     """Peak SBUF bytes per partition of one program of the `kind` ('fwd' | 'bwd') kernel on rows of T tokens, d_head d,
     inputs of `itemsize` bytes, with its resident tiles or streaming: the live tiles at the busiest step as the
@@ -37,6 +38,7 @@ def sbuf_bytes(kind: str, T: int, d: int, itemsize: int, resident: bool) -> int:
     else: raise ValueError(f"sbuf_bytes: kind={kind!r} must be 'fwd' or 'bwd'")
     return work + (res if resident else stream)
 
+# %% ../../nbs/14_kernel_attention.ipynb #4f8d4e23
 def kv_resident(kind: str, T: int, d: int, itemsize: int, budget: int | None = None) -> bool:
     """Whether the `kind` kernel keeps its re-read operands resident in SBUF for rows of T tokens within `budget`
     B/partition."""
@@ -52,6 +54,7 @@ def _to_sbuf(src):
     nisa.dma_copy(dst=t, src=src)
     return t
 
+# %% ../../nbs/14_kernel_attention.ipynb #25254c0a
 def _transpose(dst, src, engine):
     """Kernel helper: dst = srcᵀ for an SBUF tile src [p, f] (p, f <= 128) — a TensorEngine transpose into PSUM
     (same dtype), then PSUM→SBUF into dst [f, p] (a new tile or a view of a resident one) on `engine` (a
@@ -62,11 +65,13 @@ def _transpose(dst, src, engine):
     nisa.tensor_copy(dst=dst, src=t_ps, engine=engine)     # PSUM→SBUF
     return dst
 
+# %% ../../nbs/14_kernel_attention.ipynb #91287a4d
 def _tiles(x):
     "The HBM view [T, n] of one (batch·head) as [128, T/128, n]: 128-row tile c at [:, c, :], one DMA for all of them."
     T, n = x.shape
     return x.reshape((T // PMAX, PMAX, n)).permute((1, 0, 2))
 
+# %% ../../nbs/14_kernel_attention.ipynb #1565fdf4
 def _fwd_head(qT, kT, v, o, lse, resident, window=None):
     """Kernel helper: the forward of one (batch·head): qT, kT [d, T], v [T, d] in HBM → o [T, d], lse [T, 1] in HBM.
     `resident`: Kᵀ and V are loaded into SBUF once and every key block is a view of them; else each block is streamed.
@@ -138,6 +143,7 @@ def _fwd_head(qT, kT, v, o, lse, resident, window=None):
         nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=m, op=nl.add)      # L = m + log ℓ
         nisa.dma_copy(dst=lse[q0:q0 + PMAX, :], src=lse_t)    # SBUF→HBM: log-sum-exp for the backward
 
+# %% ../../nbs/14_kernel_attention.ipynb #325ebdb6
 @nki.jit
 def flash_fwd_kernel(qT, kT, v, sbuf_budget=0, window=None):
     """Causal FlashAttention forward of every (batch·head); launch as `flash_fwd_kernel[lnc]`, lnc = 1 or 2 logical
@@ -273,6 +279,7 @@ def _bwd_head(qT, kT, v, do, lse, dsum, dq, dk, dv, resident, dq_in_hbm=False, w
     ):  # SBUF→HBM: dQ once, all tiles in one DMA (the [T, d] view as [128, T/128, d]), cast to dq's dtype
         nisa.dma_copy(dst=_tiles(dq), src=dq_acc)
 
+# %% ../../nbs/14_kernel_attention.ipynb #ea917af9
 @nki.jit
 def flash_bwd_kernel(qT, kT, v, do, lse, dsum, sbuf_budget=0, window=None):
     """Causal FlashAttention backward of every (batch·head); launch as `flash_bwd_kernel[lnc]` (with 2 logical
@@ -333,12 +340,13 @@ def check_args(q, k, v, causal=True, backend="nki-sim", window=None):
             f"{where}: dtypes {q.dtype}, {k.dtype}, {v.dtype}: q, k, v must all be float32 or all bfloat16"
         )
 
-
+# %% ../../nbs/14_kernel_attention.ipynb #05599b28
 def _rows(x, transposed=False):
     "[B, H, T, d] → [BH, T, d], or [BH, d, T] if `transposed`, contiguous: the layouts the kernels read."
     x3 = x.reshape(-1, x.shape[-2], x.shape[-1])
     return (x3.transpose(1, 2) if transposed else x3).contiguous()
 
+# %% ../../nbs/14_kernel_attention.ipynb #9e995b60
 def _bodies(launch):
     """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: qT, kT [BH, d, T],
     v [BH, T, d]; sbuf_budget 0 (the whole SBUF)."""
@@ -351,12 +359,14 @@ def _bodies(launch):
         return launch(flash_bwd_kernel)(qT, kT, v, do, lse, dsum, 0, window)
     return flash_attention_fwd, flash_attention_bwd
 
+# %% ../../nbs/14_kernel_attention.ipynb #0668c47c
 def _setup(ctx, inputs, output):
     qT, kT, v, window = inputs
     o, lse = output
     ctx.save_for_backward(qT, kT, v, o, lse)   # the forward's inputs as they are: the backward recomputes P from them
     ctx.window = window
 
+# %% ../../nbs/14_kernel_attention.ipynb #445f0e91
 def _backward(bwd, ctx, do, dlse):
     qT, kT, v, o, lse = ctx.saved_tensors
     do = do.to(v.dtype).contiguous()
@@ -364,6 +374,7 @@ def _backward(bwd, ctx, do, dlse):
     dq, dk, dv = bwd(qT, kT, v, do, lse, dsum, ctx.window)
     return dq.transpose(1, 2), dk.transpose(1, 2), dv, None   # gradients w.r.t. qT, kT, v (none for the window)
 
+# %% ../../nbs/14_kernel_attention.ipynb #62544b1a
 def _attention(op, backend, q, k, v, causal, window):
     "`attention` by the kernel op `op`: q, k, v cast to autocast's dtype and laid out as the kernels read them."
     dt = ops.kernel_dtype(q)   # a kernel is not autocast by itself
@@ -373,6 +384,7 @@ def _attention(op, backend, q, k, v, causal, window):
     o, _ = op(_rows(q, True), _rows(k, True), _rows(v), T if window is None else window)
     return o.view(B, H, T, d)
 
+# %% ../../nbs/14_kernel_attention.ipynb #58579110
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("attention", "nki-sim")

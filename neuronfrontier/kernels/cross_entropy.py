@@ -21,6 +21,7 @@ def _vocab_tiles(V, vocab_size):
     "Static list of (first column, width) of the vocabulary tiles holding real columns; the last may be narrower."
     return [(v0, min(VT, V - v0)) for v0 in range(0, vocab_size, VT)]
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #c810c841
 def _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap):
     """Logits of token tile `j` of the block against one vocabulary tile, fp32 in SBUF [128 tokens, vt].
     hT_blk: SBUF [128, KD, nt*128] (hᵀ, d in KD chunks of 128); wT_t: SBUF [128, KD, vt] (Wᵀ tile).
@@ -44,6 +45,7 @@ def _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap):
         z = zm
     return z, th
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #c84432ed
 def _load_w_tile(w, v0, vt):
     """HBM→SBUF: rows v0..v0+vt of W [V, d] as w_t [128 (vocab), vt/128, d], then TensorEngine transposes to
     wT_t [128 (d), d/128, vt] for the logits matmul. Returns (w_t, wT_t)."""
@@ -60,6 +62,7 @@ def _load_w_tile(w, v0, vt):
         nisa.tensor_copy(dst=wT_t[:, k, :], src=tp)                           # PSUM→SBUF
     return w_t, wT_t
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #5ce14e3c
 def _load_h_block(h, t0, nt, hT_buf, h_buf=None):
     """HBM→SBUF: token tiles t0..t0+nt-1 of h [N, d], transposed on the TensorEngine into the block buffer hT_buf
     [128 (d), d/128, ≥nt*128]; with h_buf [128 (tokens), ≥nt, d] also the tiles themselves. Returns the views in use,
@@ -77,6 +80,7 @@ def _load_h_block(h, t0, nt, hT_buf, h_buf=None):
             nisa.tensor_copy(dst=hT_blk[:, k, j * PMAX:(j + 1) * PMAX], src=tp)   # PSUM→SBUF
     return hT_blk, h_blk
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #1479ded1
 def _load_columns(dst, src, t0, nt):
     "HBM→SBUF: per-token values src [N, 1] of tiles t0..t0+nt-1 into dst [128, nt] (column j = tile t0+j)."
     for j in range(nt):
@@ -167,6 +171,7 @@ def _d_pieces(d):
     "Static (start, width) pieces of d of at most 512 columns (the TensorEngine's moving free size)."
     return [(d0, min(FMAX, d - d0)) for d0 in range(0, d, FMAX)]
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #36c3e165
 @nki.jit
 def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles):
     """Gradients of sum_i g_i * loss_i with respect to h and W, recomputing the logits tile by tile.
@@ -288,6 +293,7 @@ def _block_tiles(N, d, itemsize, backward=True, lnc=1):
         per_tile, fixed = d * itemsize + 16, 2 * d * (VT // PMAX) * itemsize + d * itemsize + 16 * VT * 4
     return max(1, min(-(-N // (PMAX * lnc)), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #44149dcc
 def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, backend="nki-sim"):
     "Raise a ValueError naming the op, the shape and the rule the kernels cannot take; return (N, d, V, vocab_size)."
     op = f"ops.cross_entropy ({backend})"
@@ -313,16 +319,19 @@ def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=No
     if N == 0: raise ValueError(f"{op}: no tokens (h {tuple(h.shape)})")
     return N, d, V, vs
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #20c2e156
 def _matmul_dtype(h):
     "The kernels' one matmul dtype for hidden states `h`: autocast's while on (bf16), else h's own; fp32 for others."
     dt = ops.kernel_dtype(h)
     return dt if dt in (torch.float32, torch.bfloat16) else torch.float32
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #5c9aaa4e
 def _reduce(nll, targets, reduction):
     if reduction == "none": return nll
     if reduction == "sum": return nll.sum()
     return nll.sum() / (targets >= 0).sum().clamp_min(1)   # mean over the counted tokens
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #66935548
 def _bodies(launch):
     """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: h [Np, d] in the matmul dtype,
     w [V, d] as it is (cast inside: nothing extra is saved), targets [Np, 1] int32 (-1: not counted)."""
@@ -337,17 +346,20 @@ def _bodies(launch):
         return dh, dw.sum(0)   # fp32: the logical cores' partial sums
     return cross_entropy_nll, cross_entropy_grad
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #74770a56
 def _setup(ctx, inputs, output):
     h, w, targets, vocab_size, softcap, _, bwd_tiles = inputs
     ctx.save_for_backward(h, w, targets, output[1])   # lse: the backward's softmax needs no second pass over V
     ctx.meta = (vocab_size, softcap, bwd_tiles)
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #ff7408fb
 def _backward(bwd, ctx, grad_loss, grad_lse):
     h, w, targets, lse = ctx.saved_tensors
     g = (grad_loss.float() * (targets >= 0)).contiguous()   # padding rows and ignored targets get no gradient
     dh, dw = bwd(h, w, targets, lse, g, *ctx.meta)
     return dh, dw.to(w.dtype), None, None, None, None, None
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #e05b2312
 def _cross_entropy(op, backend, h, w_head, targets, softcap, reduction, vocab_size, block_tiles=None):
     """`cross_entropy` by the kernel op `op`: h cast to the matmul dtype and N padded to a multiple of 128 (targets -1),
     both differentiably; `block_tiles` (token tiles per block) overrides the SBUF-derived blocking of both kernels."""
@@ -360,6 +372,7 @@ def _cross_entropy(op, backend, h, w_head, targets, softcap, reduction, vocab_si
     loss, _ = op(hp, w_head, tp, vs, float(softcap or 0.0), *tiles)
     return _reduce(loss[:N, 0], targets, reduction)
 
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #7d4e5df9
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("cross_entropy", "nki-sim")

@@ -19,6 +19,8 @@ W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for one expert's 
 BWD_BUDGET = 176 * 1024    # backward: SBUF bytes per partition for the weights, their transposes and one block's tiles
 
 def _fwd_sbuf(d, F_, s):  return (2 * (d // PMAX) * F_ + (F_ // PMAX) * d) * s
+
+# %% ../../nbs/16_kernel_moe.ipynb #35082ad4
 def _bwd_sbuf(d, F_, s):  return 2 * _fwd_sbuf(d, F_, s) + 4 * d * s + F_ * (4 * 4 + 5 * s) + 3 * d * 4
 
 def _load_expert(w_gate, w_up, w_down, idx):
@@ -34,6 +36,7 @@ def _load_expert(w_gate, w_up, w_down, idx):
             nisa.dma_copy(dst=dst[:, k, :], src=src[k * PMAX:(k + 1) * PMAX, :])   # HBM → SBUF: 128 rows of the expert
     return wg, wu, wd
 
+# %% ../../nbs/16_kernel_moe.ipynb #6a28ec30
 def _check_shapes(x, w_gate, w_up, w_down, block_expert):
     "Kernel preconditions shared by forward and backward; returns (R, d, E, F, n_blocks)."
     R, d = x.shape
@@ -220,6 +223,7 @@ def check_args(x, w_gate, w_up, w_down, block_expert, backend="nki-sim"):
         raise ValueError(f"{where}: d={d}, F={F_}: one expert's weights, their transposes and a block's tiles need "
                          f"{_bwd_sbuf(d, F_, x.element_size())} B/partition > the backward's budget of {BWD_BUDGET}")
 
+# %% ../../nbs/16_kernel_moe.ipynb #0ada78f8
 def _bodies(launch):
     """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [R, d]; the weights as they
     are, cast to x's dtype inside (nothing extra is saved); be [R/128] int32."""
@@ -235,6 +239,7 @@ def _bodies(launch):
         return dx, dwg.sum(0), dwu.sum(0), dwd.sum(0)   # fp32: the logical cores' partial sums
     return moe_mlp_fwd, moe_mlp_bwd
 
+# %% ../../nbs/16_kernel_moe.ipynb #deaad19b
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
@@ -243,12 +248,14 @@ def _backward(bwd, ctx, gy):
     dx, dwg, dwu, dwd = bwd(x, wg, wu, wd, be, gy.to(x.dtype).contiguous())
     return dx, dwg.to(wg.dtype), dwu.to(wu.dtype), dwd.to(wd.dtype), None   # the weights' gradients in their dtype
 
+# %% ../../nbs/16_kernel_moe.ipynb #c7f3ca32
 def _moe_mlp(op, backend, x, w_gate, w_up, w_down, block_expert):
     "`moe_mlp` by the kernel op `op`: x cast to autocast's dtype (a kernel is not autocast), the table as int32."
     x = x.to(ops.kernel_dtype(x))
     check_args(x, w_gate, w_up, w_down, block_expert, backend)
     return op(x.contiguous(), w_gate, w_up, w_down, block_expert.to(torch.int32).contiguous())
 
+# %% ../../nbs/16_kernel_moe.ipynb #7833e935
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("moe_mlp", "nki-sim")

@@ -145,7 +145,7 @@ def check_args(x, weight, eps=1e-6, backend="nki-sim"):
             f"{where}: dtypes {x.dtype}/{weight.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16"
         )
 
-
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #693b758e
 def _bodies(launch):
     "The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [N, d], w [1, d]."
     def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,15 +156,18 @@ def _bodies(launch):
         return launch(rmsnorm_bwd_kernel)(x, w, rstd, g)
     return rms_norm_fwd, rms_norm_bwd
 
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #dddffb8a
 def _setup(ctx, inputs, output):
     x, w, _ = inputs
     ctx.save_for_backward(x, w, output[1])   # rstd: the backward rescales by it instead of reducing again
 
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #f5f15095
 def _backward(bwd, ctx, gy, grstd):
     x, w, rstd = ctx.saved_tensors
     dx, dw = bwd(x, w, rstd, gy.to(x.dtype).contiguous())
     return dx, dw.sum(0, keepdim=True).to(w.dtype), None   # dw: one fp32 row per logical core, summed
 
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #2fa341a7
 def _rms_norm(op, backend, x, weight, eps):
     "`rms_norm` by the kernel op `op`: leading dimensions flattened to rows, the gain as a [1, d] row."
     check_args(x, weight, eps, backend)
@@ -172,6 +175,7 @@ def _rms_norm(op, backend, x, weight, eps):
     y, _ = op(x.reshape(-1, d).contiguous(), weight.reshape(1, d).contiguous(), float(eps))
     return y.reshape(x.shape)
 
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #89ab288b
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("rms_norm", "nki-sim")

@@ -21,6 +21,7 @@ def _isz(t):
     "Bytes per element of a kernel tensor (bf16 or fp32)."
     return 2 if t.dtype == nl.bfloat16 else 4
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #14e2781c
 def _transpose_in(dst, src, n):
     "Kernel helper: dst[:, k, :n] = src[:n, k*128:(k+1)*128]ᵀ for every 128-column chunk k (TensorE, via PSUM)."
     for k in range(dst.shape[1]):
@@ -196,21 +197,25 @@ def check_args(x, w_gate, w_up, backend="nki-sim"):
         raise ValueError(f"{where}: d={d} (x of shape {tuple(x.shape)}): 128 tokens of resident x, xᵀ and dx "
                          f"exceed the backward's SBUF budget of {RES_BUDGET} B/partition")
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #ec895b0e
 def fwd_block(d: int, F_: int, itemsize: int) -> int:
     "Columns of F per forward call: the most (a multiple of 128) whose W_gᵀ, W_uᵀ fit W_BUDGET."
     return min(F_, (W_BUDGET // (2 * (d // PMAX) * itemsize)) // PMAX * PMAX)
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #5a4d8084
 def bwd_chunk(d: int, itemsize: int, lnc: int = 1) -> int:
     """Tokens per backward call on `lnc` logical cores: the most (128 per tile) whose resident x, xᵀ, dx fit RES_BUDGET
     on each core."""
     return RES_BUDGET // (d * (2 * itemsize + 4)) * PMAX * lnc
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #18d9c520
 def swiglu_forward(x2, wg, wu, launch):
     "h = silu(x2 wgᵀ) ⊙ (x2 wuᵀ) by `launch` (swiglu_fwd_kernel on some cores), in blocks of F columns if SBUF needs."
     fb = fwd_block(x2.shape[1], wg.shape[0], x2.element_size())
     hs = [launch(x2, wg[f0:f0 + fb].contiguous(), wu[f0:f0 + fb].contiguous()) for f0 in range(0, wg.shape[0], fb)]
     return hs[0] if len(hs) == 1 else torch.cat(hs, 1)
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #895db3cb
 def swiglu_backward(x2, wg, wu, dh2, launch, lnc):
     """(dx, dw_gate, dw_up) by `launch` (swiglu_bwd_kernel on `lnc` cores), in chunks of tokens if SBUF requires; fp32
     dW summed."""
@@ -222,6 +227,7 @@ def swiglu_backward(x2, wg, wu, dh2, launch, lnc):
         dwg, dwu = dwg + g.sum(0), dwu + u.sum(0)   # per-core (and per-chunk) fp32 partial sums
     return (dxs[0] if len(dxs) == 1 else torch.cat(dxs)), dwg, dwu
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #72e5ceea
 def _bodies(launch):
     """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [N, d]; the weights as they
     are, cast to x's dtype inside (nothing extra is saved)."""
@@ -234,6 +240,7 @@ def _bodies(launch):
         return swiglu_backward(x, wg, wu, dh, launch(swiglu_bwd_kernel), logical_cores())   # dW: fp32 sums
     return swiglu_fwd, swiglu_bwd
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #c4a89f05
 def _setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs)
 
@@ -242,6 +249,7 @@ def _backward(bwd, ctx, gh):
     dx, dwg, dwu = bwd(x, wg, wu, gh.to(x.dtype).contiguous())
     return dx, dwg.to(wg.dtype), dwu.to(wu.dtype)   # the weights' gradients in the weights' dtype
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #c02993aa
 def _swiglu(op, backend, x, w_gate, w_up):
     "`swiglu` by the kernel op `op`: x cast to autocast's dtype, leading dimensions flattened to rows."
     x = x.to(ops.kernel_dtype(x))   # autocast's dtype: a custom operator is not autocast
@@ -250,6 +258,7 @@ def _swiglu(op, backend, x, w_gate, w_up):
     h = op(x.reshape(-1, d).contiguous(), w_gate, w_up)
     return h.reshape(*x.shape[:-1], w_gate.shape[0])
 
+# %% ../../nbs/13_kernel_swiglu.ipynb #4c3115b9
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("swiglu", "nki-sim")

@@ -12,7 +12,7 @@ __all__ = ['REAL_NKI', 'nki', 'nl', 'nisa', 'simulate', 'dry_run', 'shape_only',
 import sys, types
 from ..neuron import real_nki
 from ..hw import estimate_time
-from . import tensor, trace, isa, language
+from . import tensor, trace, isa, pe, language
 from .tensor import NKI_API, NKIConstraintError, NotSimulatedError, MemoryRegion, NkiTensor
 from .trace import Trace, last_trace
 from .language import (
@@ -32,7 +32,7 @@ else:
     nki, nl, nisa, simulate = emu_nki, emu_nl, emu_nisa, _emu_simulate
 
 # %% ../../nbs/11_nki_sim.ipynb #938aa23a
-_PARTS = (language, isa, trace, tensor)   # the simulator's modules, the latest first
+_PARTS = (language, pe, isa, trace, tensor)   # the simulator's modules, the latest first
 _UNSET = object()
 
 class _Facade(types.ModuleType):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import os, sys, time, types, inspect, functools, warnings, contextlib
 import numpy as np
 from ..hw import TRN2, INSTRUCTION_LIMIT, MAX_LNC
-from . import tensor as _tensor, trace as _trace, isa as _isa
+from . import tensor as _tensor, trace as _trace, isa as _isa, pe as _pe
 from .tensor import (
     MemoryRegion, NKIConstraintError, NKI_API, NkiTensor, _DT, _Engine, _UNSIM_DT, _dtname, _dtype, _fail,
     _not_simulated, hbm, private_hbm, psum, shared_hbm)
 from .trace import (
     NKIObject, _LAST, _STATE, _State, _alloc, _f32, _layout, _opnd, _pf, _st, _tick, ndarray)
-from .isa import _OPS, _axes, _hl_in, _hl_out, nc_matmul, nc_transpose
+from .isa import _OPS, _axes, _hl_in, _hl_out
+from .pe import nc_matmul, nc_transpose
 
 # %% auto #0
 __all__ = ['emu_nl', 'emu_nisa', 'emu_lnc', 'emu_compiler', 'emu_nki', 'EMU_MODULES', 'NOT_SIMULATED', 'RemovedNameError']
@@ -33,6 +34,7 @@ def softmax(x, axis=-1, dtype=None):
     _tick('nl.softmax', 'vector', n_isa=3, vec=2 * x.size)   # the max, the reciprocal of the sums and the scaling
     return out
 
+# %% ../../nbs/11_nki_language.ipynb #948cf678
 def where(condition, x, y, dtype=None):
     "`nl.where`: x where condition (1.0 / 0.0) else y; x and y tiles or scalars (Vector engine)."
     w = 'nl.where'
@@ -46,10 +48,12 @@ def where(condition, x, y, dtype=None):
     return _hl_out(w, condition.shape, ref.dtype if dtype is None else dtype,
                    lambda: np.where(_f32(condition) != 0, v(x), v(y)), 'vector', condition.size)
 
+# %% ../../nbs/11_nki_language.ipynb #380aded8
 def expand_dims(x, axis):
     "`nl.expand_dims`: a view of x with a size-1 axis inserted at `axis`."
     return x.expand_dim(axis)
 
+# %% ../../nbs/11_nki_language.ipynb #662e53a9
 def broadcast_to(x, shape, dtype=None):
     """`nl.broadcast_to`: a new SBUF tile of `shape` (same rank as x; dims equal or broadcast from 1); across partitions
     on GpSimd."""
@@ -63,6 +67,7 @@ def broadcast_to(x, shape, dtype=None):
     return _hl_out(w, shape, x.dtype if dtype is None else dtype,
                    lambda: np.broadcast_to(x._data.astype(np.float32), shape), eng, int(np.prod(shape)))
 
+# %% ../../nbs/11_nki_language.ipynb #d6cff6b3
 def transpose(x, dtype=None):
     "`nl.transpose`: a 2-D tile transposed (partition ↔ free) by the TensorEngine; the result is a PSUM tile."
     w = 'nl.transpose'
@@ -72,6 +77,7 @@ def transpose(x, dtype=None):
     nc_transpose(out, x, _Engine.tensor)
     return out if dtype is None or _dtype(dtype) == x.dtype else copy(out, dtype)
 
+# %% ../../nbs/11_nki_language.ipynb #84071df6
 def matmul(x, y, transpose_x=False):
     "`nl.matmul`: x @ y (or x.T @ y with transpose_x) on the TensorEngine; the result is an fp32 PSUM tile."
     w = 'nl.matmul'
@@ -85,6 +91,7 @@ def matmul(x, y, transpose_x=False):
     nc_matmul(out, x, y)
     return out
 
+# %% ../../nbs/11_nki_language.ipynb #8477585a
 copy = _OPS['copy']
 
 def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
@@ -103,21 +110,25 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
     _tick(op, 'vector', n_isa=2, vec=2 * x.size)
     return out
 
+# %% ../../nbs/11_nki_language.ipynb #5c8a796f
 @contextlib.contextmanager
 def no_reorder():
     "`nl.no_reorder`: keep the block's instructions in program order (the simulator runs every instruction in order)."
     yield
 
+# %% ../../nbs/11_nki_language.ipynb #079f7996
 def device_print(print_prefix, tensor):
     "`nl.device_print`: print a prefix and a tile's values."
     print(print_prefix, tensor._data if type(tensor) is NkiTensor else tensor)
 
+# %% ../../nbs/11_nki_language.ipynb #480764b1
 def program_id(axis=0):
     "`nl.program_id`: the logical core this program runs on (0, or 0/1 with LNC=2)."
     st = _st()
     if axis != 0: _fail('nl.program_id', f'axis={axis}: a launch kernel[lnc] has one axis (0)')
     return st.pid
 
+# %% ../../nbs/11_nki_language.ipynb #64b655b3
 def num_programs(axes=0):
     "`nl.num_programs`: the number of logical cores the kernel was launched on (kernel[lnc])."
     st = _st()
@@ -125,12 +136,17 @@ def num_programs(axes=0):
         _fail('nl.num_programs', f'axes={axes!r}: a launch kernel[lnc] has one axis (0)')
     return st.lnc
 
+# %% ../../nbs/11_nki_language.ipynb #745034bc
 def program_ndim():
     "`nl.program_ndim`: 1 when launched with kernel[lnc], 0 without brackets."
     return 1 if _st().bracket else 0
 
+# %% ../../nbs/11_nki_language.ipynb #cd9a72d9
 def affine_range(start, stop=None, step=1): return range(start, stop, step) if stop is not None else range(start)
+
 def sequential_range(start, stop=None, step=1): return range(start, stop, step) if stop is not None else range(start)
+
+# %% ../../nbs/11_nki_language.ipynb #5e52e0de
 def static_range(start, stop=None, step=1): return range(start, stop, step) if stop is not None else range(start)
 
 class _TileSize:
@@ -158,6 +174,7 @@ def _valueless(t) -> bool:
     fake = sys.modules.get('torch._subclasses.fake_tensor')
     return t.device.type == 'meta' or (fake is not None and isinstance(t, fake.FakeTensor))
 
+# %% ../../nbs/11_nki_language.ipynb #208f0f29
 def _to_hbm(x, i, buffer):
     """Wrap an argument as an HBM tensor sharing its memory; returns (tensor, writeback). Lists are refused, like NKI
     does."""
@@ -190,6 +207,7 @@ def _to_hbm(x, i, buffer):
         return _alloc(a.shape, a.dtype, buffer, f'arg{i}', data=a), wb
     return x, None
 
+# %% ../../nbs/11_nki_language.ipynb #4094a562
 def _torch_dtype(dt):
     "The torch dtype of a NumPy / ml_dtypes dtype; TypeError for the fp8 formats torch lacks."
     th, name = _torch(), _dtname(dt)
@@ -198,6 +216,7 @@ def _torch_dtype(dt):
     if name in ('float8_e4m3', 'float8_e8m0fnu'): raise TypeError(f'simulate: torch has no {name}; pass NumPy arrays')
     return th.from_numpy(np.zeros(0, dt)).dtype
 
+# %% ../../nbs/11_nki_language.ipynb #a463f776
 def _from_hbm(t, as_torch, zeros=False, device=None):
     """A kernel output (an HBM tensor, or a tuple/dict of them) as a fresh array or torch tensor; `zeros`: zeros of its
     shape and dtype."""
@@ -213,11 +232,13 @@ def _from_hbm(t, as_torch, zeros=False, device=None):
         return _torch().from_numpy(a.view(np.int16 if a.itemsize == 2 else np.uint8)).view(tdt)
     return _torch().from_numpy(a)
 
+# %% ../../nbs/11_nki_language.ipynb #aa61b209
 def _outputs(t):
     if isinstance(t, (tuple, list)): return [u for x in t for u in _outputs(x)]
     if isinstance(t, dict): return [u for x in t.values() for u in _outputs(x)]
     return [t] if type(t) is NkiTensor else []
 
+# %% ../../nbs/11_nki_language.ipynb #3011f049
 class Kernel:
     "A `nki.jit` kernel: `kernel[lnc]` launches it on `lnc` logical cores (1 or 2 on trn2); calling it simulates."
     def __init__(self, fn, lnc=None):
@@ -238,12 +259,14 @@ class Kernel:
         return _run(self, args, kwargs)
     def __repr__(self): return f'<nki.jit kernel {self.fn.__name__}{[self.lnc] if self.lnc else ""}>'
 
+# %% ../../nbs/11_nki_language.ipynb #3672b5ff
 class CompileConfig(NKIObject):
     "`nki.compiler.CompileConfig` (NKI 0.7): the kernel compiler's options (allocation, scheduling, ...), as keywords."
 
 class SpecializationConfig(NKIObject):
     "`nki.compiler.SpecializationConfig` (NKI 0.7): options of the tracing specialisation, keyword fields."
 
+# %% ../../nbs/11_nki_language.ipynb #5e24cf6b
 class AddressRotation(NKIObject):
     "`nki.compiler.AddressRotation` (NKI 0.7): a `CompileConfig` field."
 
@@ -278,6 +301,7 @@ def jit(fn=None, *, compile_config=None, specialization_config=None, **kwargs):
         )
     return Kernel(fn)
 
+# %% ../../nbs/11_nki_language.ipynb #db4f440c
 def _openblas():
     "set/get thread-count functions of NumPy's bundled OpenBLAS, if found."
     import glob, ctypes
@@ -290,6 +314,7 @@ def _openblas():
                     return getattr(lib, f'{pre}_set_num_threads{suf}'), getattr(lib, f'{pre}_get_num_threads{suf}')
     return None
 
+# %% ../../nbs/11_nki_language.ipynb #45aa7095
 _BLAS = [0]
 
 class _one_blas_thread:
@@ -305,12 +330,14 @@ class _one_blas_thread:
     def __exit__(self, *a):
         if self.n: _BLAS[0][0](self.n)
 
+# %% ../../nbs/11_nki_language.ipynb #2520cc9d
 class InstructionLimitWarning(UserWarning):
     "A kernel's program has more ISA instructions than neuronx-cc compiles (error NCC_EXTP004)."
 
 class NKIDeprecationWarning(DeprecationWarning):
     "A name NKI 0.8 deprecates (a later release removes it)."
 
+# %% ../../nbs/11_nki_language.ipynb #2e4339b9
 def _run(k, args, kwargs, hw=TRN2, dry=False):
     env = os.environ.get('NEURON_LOGICAL_NC_CONFIG')
     lnc = k.lnc or 1
@@ -367,6 +394,7 @@ def _run(k, args, kwargs, hw=TRN2, dry=False):
                       InstructionLimitWarning, stacklevel=3)
     return res
 
+# %% ../../nbs/11_nki_language.ipynb #363a2b06
 def simulate(kernel):
     """Mirror of `nki.simulate`: `simulate(kernel)(*arrays)` runs the kernel on the CPU; NumPy or torch in, same kind
     out."""
@@ -375,6 +403,7 @@ def simulate(kernel):
     run.__name__ = f'simulate({k.fn.__name__})'
     return run
 
+# %% ../../nbs/11_nki_language.ipynb #7202ca4b
 def shape_only(kernel):
     """`shape_only(kernel)(*args)` → the kernel's outputs as zeros of their declared shapes and dtypes, after a dry run:
     every assert and trn2 rule is checked and `last_trace()` counts everything, but no value is computed. It also takes
@@ -384,6 +413,7 @@ def shape_only(kernel):
     run.__name__ = f'shape_only({k.fn.__name__})'
     return run
 
+# %% ../../nbs/11_nki_language.ipynb #36c813b8
 def dry_run(kernel):
     """`dry_run(kernel)(*args)` → the kernel's `Trace` without the numerics: every rule is checked and every counter is
     exact (instructions, HBM bytes, peaks), but no values are computed (outputs are garbage). For production shapes."""
@@ -407,7 +437,8 @@ def _placeholder(mod, name):
     f.__name__, f.__qualname__, f.not_simulated = name, name, True
     return f
 
-_NAMES = {**vars(_tensor), **vars(_trace), **vars(_isa), **globals()}   # every name the simulator defines
+# %% ../../nbs/11_nki_language.ipynb #48baf2ec
+_NAMES = {**vars(_tensor), **vars(_trace), **vars(_isa), **vars(_pe), **globals()}   # every name the simulator defines
 
 _IMPL = {
     'nki.language': dict(
@@ -476,6 +507,7 @@ def _checked(fn, full):
             raise
     return f
 
+# %% ../../nbs/11_nki_language.ipynb #0496ee95
 def _deprecated(obj, full, dep):
     "`obj` warning as NKI 0.8 does at the call site of a deprecated name: a `DeprecationWarning` saying what to use."
     @functools.wraps(obj)
@@ -486,6 +518,7 @@ def _deprecated(obj, full, dep):
     f.deprecated, f.not_simulated = dep, getattr(obj, 'not_simulated', False)
     return f
 
+# %% ../../nbs/11_nki_language.ipynb #f30f1f65
 class RemovedNameError(NKIConstraintError, AttributeError):
     "A name of an earlier NKI release that NKI 0.7 or 0.8 removed (`hasattr` says False)."
 
@@ -496,6 +529,7 @@ class _Namespace(types.ModuleType):
         if gone is None: raise AttributeError(f'module {self.__name__!r} has no attribute {name!r}')
         raise RemovedNameError(f'{_SHORT[self.__name__]}.{name}: removed in NKI {gone[0]}; use {gone[1]}')
 
+# %% ../../nbs/11_nki_language.ipynb #6228116f
 _REMOVED = {(c['module'], c['name']): (c['nki_version'], c['use'])
             for c in NKI_API['provenance']['changes'] if c['change'] == 'removed'}
 

@@ -19,6 +19,7 @@ class NKIConstraintError(ValueError):
 class NotSimulatedError(NotImplementedError):
     "A name of the NKI API that `neuronfrontier.sim` does not implement."
 
+# %% ../../nbs/08_nki_tensor.ipynb #c53c6f93
 def _fail(op, msg): raise NKIConstraintError(f'{op}: {msg}')
 
 def _not_simulated(name, why=''):
@@ -44,6 +45,7 @@ class _UnsimDtype:
     def __init__(self, name): self.name = name
     def __repr__(self): return f'nl.{self.name}'
 
+# %% ../../nbs/08_nki_tensor.ipynb #be3e05df
 _UNSIM_DT = {n: _UnsimDtype(n) for n in ('tfloat32', 'float8_e5m2_x4', 'float8_e4m3fn_x4', 'float4_e2m1fn_x4')}
 
 def _dtype(dt, op='dtype'):
@@ -65,10 +67,12 @@ def _dtype(dt, op='dtype'):
     except TypeError: what = repr(dt)
     _fail(op, f'{what} is not a NKI dtype; use one of {", ".join(_DT)}')
 
+# %% ../../nbs/08_nki_tensor.ipynb #712621d6
 def _dtname(dt): return _DT_NAMES.get(np.dtype(dt), str(dt))
 
 def _is_float(dt): return np.dtype(dt) in _FLOATS
 
+# %% ../../nbs/08_nki_tensor.ipynb #734ffe74
 def _to_int(v, dt):
     "fp32 → integer as the engines cast: round to nearest (ties to even), saturate to the destination range."
     if dt == np.bool_: return v != 0
@@ -84,6 +88,7 @@ class MemoryRegion(Enum):
     shared_hbm = 'shared_hbm'
     def __repr__(self): return f'nl.{self.name}'
 
+# %% ../../nbs/08_nki_tensor.ipynb #b3f3ee3f
 sbuf, psum, private_hbm, shared_hbm = (
     MemoryRegion.sbuf,
     MemoryRegion.psum,
@@ -101,9 +106,14 @@ def _buffer(b, op):
                   f'(nl.sbuf, nl.psum, nl.private_hbm / nl.hbm, nl.shared_hbm)')
     _fail(op, f'buffer={b!r} is not a memory region; use nl.sbuf, nl.psum, nl.private_hbm (nl.hbm) or nl.shared_hbm')
 
+# %% ../../nbs/08_nki_tensor.ipynb #974aa58a
 def is_hbm(buffer): return _buffer(buffer, 'nl.is_hbm') in _HBM
+
 def is_on_chip(buffer): return _buffer(buffer, 'nl.is_on_chip') in _ONCHIP
+
+# %% ../../nbs/08_nki_tensor.ipynb #3b1da5ad
 def is_psum(buffer): return _buffer(buffer, 'nl.is_psum') is psum
+
 def is_sbuf(buffer): return _buffer(buffer, 'nl.is_sbuf') is sbuf
 
 # %% ../../nbs/08_nki_tensor.ipynb #3e8cf69c
@@ -120,6 +130,7 @@ class engine(_Enum):
     vector = 5
     sync = 6
 
+# %% ../../nbs/08_nki_tensor.ipynb #70dd5b00
 class reduce_cmd(_Enum):
     "`nisa.reduce_cmd`: what an instruction does with its engine's accumulator registers."
     idle = 0
@@ -128,6 +139,7 @@ class reduce_cmd(_Enum):
     reset_reduce = 3
     load_reduce = 4
 
+# %% ../../nbs/08_nki_tensor.ipynb #66698d74
 class dge_mode(_Enum):
     "`nisa.dge_mode`: who generates DMA descriptors."
     unknown = 0
@@ -135,27 +147,32 @@ class dge_mode(_Enum):
     hwdge = 2
     none = 3
 
+# %% ../../nbs/08_nki_tensor.ipynb #38027163
 class oob_mode(_Enum):
     "`nisa.oob_mode`"
     error = 0
     skip = 1
 
+# %% ../../nbs/08_nki_tensor.ipynb #f55759ef
 class matmul_perf_mode(_Enum):
     "`nisa.matmul_perf_mode`"
     none = 'none'
     double_row = 'double_row'
 
+# %% ../../nbs/08_nki_tensor.ipynb #cbc27432
 class nc_version(_Enum):
     "`nisa.nc_version`"
     gen2 = 2
     gen3 = 3
     gen4 = 4
 
+# %% ../../nbs/08_nki_tensor.ipynb #84aa9d4d
 class dma_engine(_Enum):
     "`nisa.dma_engine`"
     dma = 1
     gpsimd_dma = 2
 
+# %% ../../nbs/08_nki_tensor.ipynb #d9e7d923
 tensor_engine, vector_engine, scalar_engine, gpsimd_engine, unknown_engine = (
     engine.tensor,
     engine.vector,
@@ -180,8 +197,9 @@ def _enum(v, cls, op, role):
         f'NKI 0.3)',
     )
 
-
+# %% ../../nbs/08_nki_tensor.ipynb #66829e3f
 def get_nc_version(): return nc_version.gen3
+
 def get_nc_sub_version(): return 0
 
 # %% ../../nbs/08_nki_tensor.ipynb #64534c14
@@ -190,10 +208,12 @@ class _Alloc:
     `dry`: made by a dry run, so its values were never computed."""
     __slots__ = ('data', 'buffer', 'name', 'nbytes_pp', 'acc', 'dry', '__weakref__')
 
+# %% ../../nbs/08_nki_tensor.ipynb #c6c09b31
 def _ptr(a): return a.__array_interface__['data'][0]
 
 def _free_elems(d): return d.size // d.shape[0] if d.ndim and d.shape[0] else d.size
 
+# %% ../../nbs/08_nki_tensor.ipynb #cee06725
 class NkiTensor:
     "A view of an allocation in HBM, SBUF or PSUM: shape, strides and offset over the allocation's storage."
     __slots__ = ('_data', '_alloc', '_acc', '_ind')   # _ind: an indirect view (made by a dynamic select)
@@ -428,6 +448,7 @@ class NkiTensor:
 
     def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None): _not_simulated('NkiTensor.rearrange')
 
+# %% ../../nbs/08_nki_tensor.ipynb #609cedf4
 def _index(t, key):
     """NKI indexing → a NumPy basic index: bounds checked, on chip the partition dim kept, on-chip results >= 2-D, HBM
     >= 1-D."""
@@ -466,6 +487,7 @@ def _index(t, key):
         out[d] = slice(out[d], out[d] + 1)
     return tuple(out)
 
+# %% ../../nbs/08_nki_tensor.ipynb #4d45ce07
 def ds(start, size):
     "`nl.ds`: the slice start:start+size."
     return slice(start, start + size)

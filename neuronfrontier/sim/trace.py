@@ -96,6 +96,7 @@ class Trace:
                 f'{self.n_instructions:,} ISA instructions ({eng}). '
                 f'Roofline estimate on one trn2 NeuronCore: {est["total"]*1e6:.2f} us ({est["bound"]}-bound).')
 
+# %% ../../nbs/09_nki_trace.ipynb #463f658e
 class _State:
     "Everything one simulated call tracks."
     def __init__(self, hw=TRN2, name='', dry=False):
@@ -109,6 +110,7 @@ class _State:
         self.prog = 0                                           # ISA instructions of the running program
         self.active = False
 
+# %% ../../nbs/09_nki_trace.ipynb #878a0b18
 _STATE = [None]      # the current call's state (None outside a kernel: a scratch state is used)
 _LAST = [None]       # the Trace of the latest call
 
@@ -116,6 +118,7 @@ def _st():
     if _STATE[0] is None: _STATE[0] = _State(name='<no kernel>')
     return _STATE[0]
 
+# %% ../../nbs/09_nki_trace.ipynb #a4b028d1
 def last_trace():
     "The `Trace` of the latest `simulate(...)` or `dry_run(...)` call (None before any, or under the real NKI)."
     return _LAST[0]
@@ -129,6 +132,7 @@ def _nan_fill(dt):
     if dt.kind in 'iu': return np.iinfo(dt).max
     return 0
 
+# %% ../../nbs/09_nki_trace.ipynb #b63fbbbd
 def _alloc(shape, dtype, buffer, name='', op='nl.ndarray', fill='nan', data=None):
     st = _st()
     if isinstance(shape, (int, np.integer)): shape = (shape,)
@@ -200,6 +204,7 @@ def ndarray(shape, dtype, buffer=sbuf, name='', address=None):
         return t
     return _alloc(shape, dtype, buffer, name)
 
+# %% ../../nbs/09_nki_trace.ipynb #20f5e6fa
 def full(shape, fill_value, dtype, buffer=sbuf, name=''):
     "`nl.full`: a new tensor filled with `fill_value` (on chip: a memset on the Vector engine)."
     t = ndarray(shape, dtype, buffer, name)
@@ -209,24 +214,29 @@ def full(shape, fill_value, dtype, buffer=sbuf, name=''):
         _tick('memset', 'vector', vec=t.size, fresh=t)
     return t
 
+# %% ../../nbs/09_nki_trace.ipynb #680e997f
 def zeros(shape, dtype, buffer=sbuf, name=''):
     "`nl.zeros`"
     return full(shape, 0, dtype, buffer, name)
 
+# %% ../../nbs/09_nki_trace.ipynb #2e0856be
 def ones(shape, dtype, buffer=sbuf, name=''):
     "`nl.ones`"
     return full(shape, 1, dtype, buffer, name)
 
+# %% ../../nbs/09_nki_trace.ipynb #de3a1255
 def zeros_like(x, dtype=None, buffer=None, name=''):
     "`nl.zeros_like`: zeros of x's shape (and dtype), in `buffer` (default SBUF)."
     return zeros(x.shape, x.dtype if dtype is None else dtype, sbuf if buffer is None else buffer, name)
 
+# %% ../../nbs/09_nki_trace.ipynb #a0931161
 def empty_like(x, dtype=None, buffer=None, name='', *, transpose_axes=None, address=None):
     "`nl.empty_like`: an unwritten tensor of x's shape, dtype and (by default) buffer."
     if transpose_axes is not None or address is not None:
         _not_simulated('nl.empty_like(transpose_axes=, address=)', 'a dma_transpose destination, manual placement')
     return ndarray(x.shape, x.dtype if dtype is None else dtype, x.buffer if buffer is None else buffer, name)
 
+# %% ../../nbs/09_nki_trace.ipynb #79617d9e
 def shared_identity_matrix(n, dtype=np.uint8, dst=None):
     "`nl.shared_identity_matrix`: an n×n identity in SBUF (or written into `dst`)."
     t = ndarray((n, n), dtype) if dst is None else _opnd('nl.shared_identity_matrix', 'dst', dst, _SBUF)
@@ -235,6 +245,7 @@ def shared_identity_matrix(n, dtype=np.uint8, dst=None):
     _tick('nl.shared_identity_matrix', 'dma', fresh=t if dst is None else None)
     return t
 
+# %% ../../nbs/09_nki_trace.ipynb #c88ded0f
 def shared_constant(constant):
     "`nl.shared_constant`: a shared_hbm tensor holding a NumPy array (or a .npy file)."
     a = np.load(constant) if isinstance(constant, (str, os.PathLike)) else np.ascontiguousarray(constant)
@@ -245,6 +256,7 @@ class NKIObject:
     "`nl.NKIObject`: base of NKI configuration objects (keyword fields)."
     def __init__(self, **kwargs): self.__dict__.update(kwargs)
 
+# %% ../../nbs/09_nki_trace.ipynb #1f7bbbf9
 class NkiInstruction(NKIObject):
     """`nisa.NkiInstruction`: handle of an instruction; dependencies are already honoured (every instruction runs in
     order)."""
@@ -252,6 +264,7 @@ class NkiInstruction(NKIObject):
     def __init__(self, handle): self.handle = handle
     def depends_on(self, *producers): return self
 
+# %% ../../nbs/09_nki_trace.ipynb #0eeca1ad
 NkiValidationError = NKIConstraintError
 _HANDLE = NkiInstruction(None)   # what every nisa instruction returns
 
@@ -328,11 +341,13 @@ def _opnd(op, role, t, bufs=_ONCHIP):
             )
     return t
 
+# %% ../../nbs/09_nki_trace.ipynb #8bd46038
 def _pf(t):
     "(partitions, elements per partition) of a tensor."
     d = t._data
     return d.shape[0], (d.size // d.shape[0] if d.shape[0] else 0)
 
+# %% ../../nbs/09_nki_trace.ipynb #0760f588
 def _layout(op, t, role, ref, rref):
     "Operands and dst agree in partition count and in elements per partition (no implicit broadcast or reshape)."
     if _pf(t) != _pf(ref):
@@ -340,12 +355,13 @@ def _layout(op, t, role, ref, rref):
             op, f'{role} {t.shape} and {rref} {ref.shape} must have the same partition count and elements per partition'
         )
 
-
+# %% ../../nbs/09_nki_trace.ipynb #1ca6dc34
 def _f32(t):
     "A tensor's values as fp32, (partitions, elements per partition)."
     d = t._data
     return d.astype(np.float32, copy=False).reshape(d.shape[0], -1)
 
+# %% ../../nbs/09_nki_trace.ipynb #b4527d34
 def _vec(op, role, v, P, fp32=False):
     "A scalar or a (P, 1) tile operand as an fp32 value broadcastable over (P, F); None stays None."
     if v is None: return None
@@ -359,6 +375,7 @@ def _vec(op, role, v, P, fp32=False):
         _fail(op, f'{role}={v!r} must be a compile-time number or a ({P}, 1) tile')
     return np.float32(v)
 
+# %% ../../nbs/09_nki_trace.ipynb #6efd174c
 def _write(dst, val):
     """Store fp32 `val` ((P, F) or dst's shape) into dst, rounding to its dtype; a PSUM region written so is no matmul
     group."""
@@ -368,6 +385,7 @@ def _write(dst, val):
     d[...] = val
     if dst._acc is not None: dst._acc[...] = 2
 
+# %% ../../nbs/09_nki_trace.ipynb #ea0d906c
 def _eng(op, e, allowed, default, operands=()):
     "The engine an instruction runs on: `engine=` (a nisa.engine member) or the default; GpSimd cannot reach PSUM."
     e = _enum(e, _Engine, op, 'engine')
