@@ -69,3 +69,11 @@ def test_the_submission_parses_the_shared_flags(monkeypatch):
     for flag, dest, typ in (("--budget", "budget", float), ("--steps", "steps", int), ("--seed", "seed", int)):
         assert seen[dest].type is typ and flag in seen[dest].option_strings
     assert "[NF_SEED]" in text and "[NF_BUDGET]" in text
+
+
+def test_a_bad_environment_default_is_one_line(monkeypatch, capsys):
+    "NF_SEED that is not a number: argparse's one-line error and exit code 2, not a traceback while the parser is built."
+    from neuronfrontier import submission
+    monkeypatch.setenv("NF_SEED", "abc")
+    with pytest.raises(SystemExit) as e: submission.submission_main(["--steps", "1"])
+    assert e.value.code == 2 and "argument --seed: invalid int value: 'abc'" in capsys.readouterr().err
