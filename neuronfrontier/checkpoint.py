@@ -48,8 +48,9 @@ def load_resume(path, mcfg: ModelConfig) -> dict:
     ck = load_checkpoint(path)
     missing = {"model", "model_config", "optimizers", "state", "rng"} - set(ck)
     if missing: raise ValueError(f"--resume: {path} is not a resume checkpoint (missing {', '.join(sorted(missing))})")
-    if ck["model_config"] != mcfg.flat():
-        raise ValueError(f"--resume: {path} was trained with a different model config")
+    try: same = ModelConfig(**ck["model_config"]) == mcfg   # a setting added since it was written: its default
+    except TypeError: same = False                           # a setting that no longer exists
+    if not same: raise ValueError(f"--resume: {path} was trained with a different model config")
     return ck
 
 # %% ../nbs/29_checkpoint.ipynb #4d455b9d

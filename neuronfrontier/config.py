@@ -103,6 +103,7 @@ class ArchSettings:
     rope_base: float = 10000.0 # RoPE's base θ: the longest wavelength grows with it
     norm_eps: float = 1e-6     # ε inside every RMSNorm's square root
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
+    mlp_leak: float = 0.0      # relu2's LeakyReLU slope α: (max(z, αz))²; 0: ReLU² (the kit)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
     ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
@@ -182,6 +183,7 @@ class ModelConfig:
             )
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
+        if not 0 <= self.mlp_leak < 1: raise ValueError(f"mlp_leak={self.mlp_leak} must lie in [0, 1) (0: ReLU²)")
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
             raise ValueError(f"window_pattern={self.window_pattern!r}: use the letters S (half context) and L (full), "
                              "e.g. SSSL")

@@ -73,9 +73,10 @@ class MLP(nn.Module):
         self.w_gate = nn.Linear(cfg.d_model, d_mlp, bias=False) if kind == "swiglu" else None
         self.w_up = nn.Linear(cfg.d_model, d_mlp, bias=False)
         self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
+        self.leak = cfg.mlp_leak   # relu2's LeakyReLU slope (0: ReLU²)
     def forward(self, x):
         h = (
-            ops.relu2(x, self.w_up.weight)
+            ops.relu2(x, self.w_up.weight, self.leak)
             if self.w_gate is None
             else ops.swiglu(x, self.w_gate.weight, self.w_up.weight)
         )

@@ -184,9 +184,10 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
     return _call("swiglu", x, w_gate, w_up)
 
 # %% ../nbs/03_ops.ipynb #64c81ab2
-def relu2(x: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
-    "relu(x @ w_upᵀ)²; x [..., d], w_up [d_mlp, d] → [..., d_mlp]."
-    return _call("relu2", x, w_up)
+def relu2(x: torch.Tensor, w_up: torch.Tensor, leak: float = 0.0) -> torch.Tensor:
+    """relu(x @ w_upᵀ)², or with `leak` α > 0 LeakyReLU(α)²: (max(z, αz))²; x [..., d], w_up [d_mlp, d] →
+    [..., d_mlp]."""
+    return _call("relu2", x, w_up, leak=leak) if leak else _call("relu2", x, w_up)
 
 # %% ../nbs/03_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -227,8 +228,9 @@ def swiglu_torch(x, w_gate, w_up):
 
 # %% ../nbs/03_ops.ipynb #8a30b4c8
 @register("relu2", "torch")
-def relu2_torch(x, w_up):
-    return F.relu(F.linear(x, w_up)).square()
+def relu2_torch(x, w_up, leak=0.0):
+    z = F.linear(x, w_up)
+    return (F.leaky_relu(z, leak) if leak else F.relu(z)).square()
 
 # %% ../nbs/03_ops.ipynb #8b78dd6c
 @register("attention", "torch")
