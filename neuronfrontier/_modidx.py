@@ -128,6 +128,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                           'neuronfrontier/config.py'),
                                        'neuronfrontier.config.ModelConfig._validate_moe': ( 'config.html#modelconfig._validate_moe',
                                                                                             'neuronfrontier/config.py'),
+                                       'neuronfrontier.config.ModelConfig._ve_layer_ids': ( 'config.html#modelconfig._ve_layer_ids',
+                                                                                            'neuronfrontier/config.py'),
                                        'neuronfrontier.config.ModelConfig.d_attn': ( 'config.html#modelconfig.d_attn',
                                                                                      'neuronfrontier/config.py'),
                                        'neuronfrontier.config.ModelConfig.flops_per_token': ( 'config.html#modelconfig.flops_per_token',

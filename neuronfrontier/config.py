@@ -105,6 +105,7 @@ class ArchSettings:
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     mlp_leak: float = 0.0      # relu2's LeakyReLU slope α: (max(z, αz))²; 0: ReLU² (the kit)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
+    ve_layers: str = ""        # with value_embeds: the layers that get one, e.g. '0,4,8' ('': alternating, as above)
     ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
     norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
@@ -184,6 +185,7 @@ class ModelConfig:
         if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
         if not 0 <= self.mlp_leak < 1: raise ValueError(f"mlp_leak={self.mlp_leak} must lie in [0, 1) (0: ReLU²)")
+        if self.ve_layers: self._ve_layer_ids()
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
             raise ValueError(f"window_pattern={self.window_pattern!r}: use the letters S (half context) and L (full), "
                              "e.g. SSSL")
@@ -223,8 +225,18 @@ class ModelConfig:
         return out
 
     def has_ve(self, layer: int) -> bool:
-        "Whether block `layer` gets a value embedding: every other layer, counted back from the last."
-        return self.value_embeds and layer % 2 == (self.n_layers - 1) % 2
+        "Whether block `layer` gets a value embedding: one `ve_layers` lists, else every other one back from the last."
+        if not self.value_embeds: return False
+        if self.ve_layers: return layer in self._ve_layer_ids()
+        return layer % 2 == (self.n_layers - 1) % 2
+
+    def _ve_layer_ids(self) -> set[int]:
+        try: ids = {int(x) for x in str(self.ve_layers).split(",") if x.strip()}
+        except ValueError:
+            raise ValueError(f"ve_layers={self.ve_layers!r} is not understood; use layers like '0,4,8'") from None
+        if not ids or min(ids) < 0 or max(ids) >= self.n_layers:
+            raise ValueError(f"ve_layers={self.ve_layers!r} selects no layer or one outside 0..{self.n_layers - 1}")
+        return ids
 
     def _mlp_params(self, layer: int, active: bool) -> int:
         """Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k

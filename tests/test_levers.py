@@ -44,3 +44,15 @@ def test_a_resume_checkpoint_from_before_a_new_setting_still_loads(tmp_path):
     assert load_resume(tmp_path / "resume.pt", m)["model_config"] == old
     with pytest.raises(ValueError, match="different model config"):
         load_resume(tmp_path / "resume.pt", ModelConfig(**{**m.flat(), "mlp_leak": 0.35}))
+
+
+def test_value_embeddings_on_chosen_layers():
+    "ve_layers lists the layers with a value embedding: the model has those tables and gates, n_params counts them."
+    m, _ = resolve("cpu-micro", "kit", ["n_layers=4", "ve_layers=0,3"])
+    assert [m.has_ve(i) for i in range(4)] == [True, False, False, True]
+    g = GPT(m)
+    assert sorted(g.value_embeds) == ["0", "3"]
+    assert [b.attn.ve_gate is not None for b in g.blocks] == [True, False, False, True]
+    assert m.n_params() == sum(p.numel() for p in g.parameters())
+    with pytest.raises(ValueError, match=r"ve_layers='1,9' selects no layer or one outside 0..3"):
+        resolve("cpu-micro", "kit", ["n_layers=4", "ve_layers=1,9"])
