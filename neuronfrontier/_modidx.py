@@ -171,6 +171,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'neuronfrontier/config.py'),
                                        'neuronfrontier.config.resolve': ('config.html#resolve', 'neuronfrontier/config.py'),
                                        'neuronfrontier.config.setting_fields': ('config.html#setting_fields', 'neuronfrontier/config.py'),
+                                       'neuronfrontier.config.setting_groups': ('config.html#setting_groups', 'neuronfrontier/config.py'),
                                        'neuronfrontier.config.setting_sources': ('config.html#setting_sources', 'neuronfrontier/config.py'),
                                        'neuronfrontier.config.validate_train': ('config.html#validate_train', 'neuronfrontier/config.py')},
             'neuronfrontier.contract': { 'neuronfrontier.contract._baked': ('contract.html#_baked', 'neuronfrontier/contract.py'),

@@ -508,7 +508,7 @@ def _check(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
-    from neuronfrontier.config import CONFIGS, TrainConfig, resolve, recipe_names, setting_sources
+    from neuronfrontier.config import CONFIGS, TrainConfig, resolve, recipe_names, setting_sources, setting_groups
     names = [a.config] if a.config else list(CONFIGS)
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
           f"layers x d_model (heads x d_head), MLP, seq  tiles")
@@ -529,10 +529,10 @@ def _info(a) -> int:
     if a.config:   # one preset: where each of its training settings comes from
         recipes = " + ".join(recipe_names(a.config, a.recipe)) or "none"
         print(f"\nrecipe: {recipes}; training settings by group, and their sources:")
-        group = None
+        groups, group = setting_groups(TrainConfig), None
         for k, v, src in setting_sources(a.config, a.recipe, a.sets):
-            if TrainConfig._owner[k] != group:   # a heading for each group of settings
-                group = TrainConfig._owner[k]
+            if groups[k] != group:   # a heading for each group of settings
+                group = groups[k]
                 print(f" {group}:")
             print(f"  {k:20s} {v!s:>14}  {src}")
     return 0

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields, replace, MISSING
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
            'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
-           'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'ShapeSettings', 'ArchSettings', 'MoESettings',
-           'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings', 'ExecutionSettings',
-           'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train', 'rank_batch',
-           'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
+           'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups', 'ShapeSettings', 'ArchSettings',
+           'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings',
+           'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train',
+           'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
            'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
@@ -78,6 +78,10 @@ def grouped(**types):
 def setting_fields(cls) -> dict:
     "Every setting of a grouped config: name -> its dataclass `Field`, in group order."
     return {f.name: f for kind in cls._group_types.values() for f in fields(kind)}
+
+def setting_groups(cls) -> dict[str, str]:
+    "Every setting of a grouped config: name -> the group it lives in, in group order."
+    return dict(cls._owner)
 
 # %% ../nbs/01_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")

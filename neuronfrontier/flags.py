@@ -84,11 +84,12 @@ FLAGS: dict[str, dict[str, dict]] = {"what to train": _RUN, "clock": _CLOCK, "ma
                                      "files": _FILES, "data preparation": _PREPARE}
 
 # %% ../nbs/33_flags.ipynb #47424420
-def flag_group(title: str, *names: str, env: dict | None = None, **changes) -> tuple[str, dict]:
-    """(title, flags) of `FLAGS[title]`: every flag, or only `names`. `changes` update one flag's keywords (keyword
-    `node_rank` for `--node-rank`); `env` maps a flag's keyword name to the environment variable whose value is its
-    default (named in its help)."""
-    flags = FLAGS[title]
+def flag_group(title: str, *names: str, own: dict | None = None, env: dict | None = None,
+               **changes) -> tuple[str, dict]:
+    """(title, flags) of `FLAGS[title]` (or of a parser's `own` flags): every flag, or only `names`. `changes` update
+    one flag's keywords (keyword `node_rank` for `--node-rank`); `env` maps a flag's keyword name to the environment
+    variable whose value is its default (named in its help)."""
+    flags = FLAGS[title] if own is None else own
     unknown = set(names) - set(flags)
     if unknown: raise KeyError(f"{title!r} has no flag {sorted(unknown)[0]}")
     out = {n: dict(flags[n]) for n in (names or flags)}

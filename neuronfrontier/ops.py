@@ -187,7 +187,7 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
 def relu2(x: torch.Tensor, w_up: torch.Tensor, leak: float = 0.0) -> torch.Tensor:
     """relu(x @ w_upᵀ)², or with `leak` α > 0 LeakyReLU(α)²: (max(z, αz))²; x [..., d], w_up [d_mlp, d] →
     [..., d_mlp]."""
-    return _call("relu2", x, w_up, leak=leak) if leak else _call("relu2", x, w_up)
+    return _call("relu2", x, w_up, leak=leak)
 
 # %% ../nbs/03_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,

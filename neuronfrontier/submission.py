@@ -4,7 +4,7 @@
 
 # %% ../nbs/95_submission.ipynb #1001bc0c
 from __future__ import annotations
-import argparse, os, sys
+import argparse, sys
 from pathlib import Path
 from .clock import process_start_ns, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import env_world
@@ -96,7 +96,6 @@ OUT_DIR = "out"
 def submission_main(argv=None) -> int:
     """A submission's entry point: train the baked config on the whole chip (under torchrun) on the organisers' clock,
     with their prepare.py where it is beside train.py; print val_bpb (the kit's `evaluate_bpb` where there is one)."""
-    env = os.environ.get
     ap = argparse.ArgumentParser(
         description=f"Train {CONFIG} (recipe {RECIPE}, overrides {list(SETS)}) and write OUT/final.pt; "
         f"every flag can also be set by the environment variable named in its help."
@@ -114,8 +113,8 @@ def submission_main(argv=None) -> int:
               flag_group("what to train", "--seed", "--set", env=dict(seed="NF_SEED"),
                          set=dict(help="override a baked setting by its name (repeatable)")),
               flag_group("machines", "--device", env=dict(device="NF_DEVICE")),
-              ("tokenizer", {"--tokenizer": dict(default=env("NF_TOKENIZER", TOKENIZER_DIR),
-                                                 help="directory of tokenizer.pkl + token_bytes.pt [NF_TOKENIZER]")}))
+              flag_group("tokenizer", env=dict(tokenizer="NF_TOKENIZER"), own={"--tokenizer": dict(
+                  default=TOKENIZER_DIR, help="directory of tokenizer.pkl + token_bytes.pt")}))
     a = ap.parse_args(argv)
     kit, found = load_kit()
     lead = env_world()[0] == 0
