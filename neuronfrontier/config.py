@@ -94,7 +94,8 @@ class ShapeSettings:
     d_model: int = 768         # width of the residual stream
     n_layers: int = 12         # transformer blocks
     n_heads: int = 12          # attention heads per block
-    d_head: int = 64           # 64 or 128; n_heads*d_head is the attention width
+    d_head: int = 64           # 64, 128 or 256 (the NKI attention kernel: 64 or 128); n_heads*d_head: attention width
+    n_kv_heads: int = 0        # K/V heads, each shared by n_heads/n_kv_heads query heads (GQA); 0: n_heads (MHA)
     d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
     seq_len: int = 1024        # training context length: at least the length the model is scored at
 
@@ -114,6 +115,10 @@ class ArchSettings:
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
     norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
     embed_norm: bool = False   # RMSNorm on the token embedding's output (then x0 is the normalised embedding)
+    attn_source: str = ""      # attention-source reuse 'j:a,b,...': blocks a, b, ... project q, k, v from the stream
+                               # after block j (each through its own norm); '' = every block reads its own stream
+    key_offset: float = 0.0    # rotary key offset: the key channels whose rotation over seq_len stays under this
+                               # angle (radians; the slow channels) come from the previous position; 0 = off
     window_pattern: str = "L"  # attention window per layer, repeating: L = the whole context, S = half of seq_len;
                                # the last layer always sees the whole context (the kit: 'SSSL')
     init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
@@ -149,6 +154,10 @@ class ModelConfig:
     def padded_vocab(self) -> int: return pad_to(self.vocab_size)
     @property
     def d_attn(self) -> int: return self.n_heads * self.d_head
+    @property
+    def kv_heads(self) -> int: return self.n_kv_heads or self.n_heads
+    @property
+    def d_kv(self) -> int: return self.kv_heads * self.d_head
 
     @property
     def moe_layer_ids(self) -> tuple[int, ...]:
@@ -177,8 +186,12 @@ class ModelConfig:
                 raise ValueError(
                     f"{what}={v} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(v, 1))}"
                 )
-        if self.d_head not in (64, 128):
-            raise ValueError(f"d_head={self.d_head} is not supported; use 64 or 128")
+        if self.d_head not in (64, 128, 256):
+            raise ValueError(f"d_head={self.d_head} is not supported; use 64, 128 or 256")
+        if self.n_kv_heads < 0 or self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (0: one per query head)")
+        if self.attn_source: self.attn_sources()
+        if self.key_offset < 0: raise ValueError(f"key_offset={self.key_offset} must be >= 0 (0: off)")
         for name in ("n_layers", "n_heads", "seq_len", "vocab_size"):
             if getattr(self, name) <= 0: raise ValueError(f"{name}={getattr(self, name)} must be positive")
         if self.seq_len % TILE:
@@ -242,6 +255,20 @@ class ModelConfig:
             raise ValueError(f"ve_layers={self.ve_layers!r} selects no layer or one outside 0..{self.n_layers - 1}")
         return ids
 
+    def attn_sources(self) -> dict[int, int]:
+        "Reader block -> the block whose output it reads attention from (`attn_source` 'j:a,b'; empty when '')."
+        if not self.attn_source: return {}
+        try:
+            src, readers = str(self.attn_source).split(":")
+            j, ids = int(src), {int(x) for x in readers.split(",") if x.strip()}
+        except ValueError:
+            raise ValueError(f"attn_source={self.attn_source!r} is not understood; use 'j:a,b,...' "
+                             "like '5:6,7,8'") from None
+        if not ids or not 0 <= j < min(ids) or max(ids) >= self.n_layers:
+            raise ValueError(f"attn_source={self.attn_source!r}: the readers must come after block j and before "
+                             f"{self.n_layers}")
+        return {i: j for i in sorted(ids)}
+
     def _mlp_params(self, layer: int, active: bool) -> int:
         """Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k
         of them if `active`)."""
@@ -252,11 +279,10 @@ class ModelConfig:
 
     def _matmul_params(self, active: bool) -> int:
         "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
-        d, a = self.d_model, self.d_attn
+        d, a, kv = self.d_model, self.d_attn, self.d_kv
         gates = sum(self.has_ve(i) for i in range(self.n_layers)) * self.ve_gate_channels * self.n_heads
-        return (
-            sum(4 * d * a + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
-        )
+        attn = 2 * d * a + 2 * d * kv   # q and out; k and v (narrower with GQA)
+        return sum(attn + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
 
     def n_params(self, embedding: bool = True, active: bool = False) -> int:
         """Parameter count (embedding, value embeddings and head at the padded vocabulary); `active`: only the top_k

@@ -154,12 +154,13 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
     )
     ew = elementwise_work
     windows = [w if w is not None and w < T - 1 else None for w in cfg.windows]   # each layer's window at this T
-    proj = [(N, d, a)] * 3 + [(N, a, d)]                          # q, k, v, o projections [M, K, N]
+    kv = cfg.d_kv                                                 # the K and V width (narrower with GQA)
+    proj = [(N, d, a), (N, d, kv), (N, d, kv), (N, a, d)]         # q, k, v, o projections [M, K, N]
     mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
     layer = dict(
         attention=(
             mm(proj)
-            + ew(2 * N * a, ops=6) * 2  # RoPE on q and k, forward and backward (fp32 math)
+            + ew(N * (a + kv), ops=6) * 2  # RoPE on q and k, forward and backward (fp32 math)
             + ew(N * a) * 9  # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
             + ew(N * a, reads=2, writes=0, ops=2)  # D = rowsum(dO ⊙ O)
             + (kernel_work('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work())

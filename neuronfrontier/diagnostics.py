@@ -26,7 +26,8 @@ def attention_logit_max(model: GPT, idx: torch.Tensor) -> list[float]:
     out = []
     for b, x in zip(model.blocks, inputs):
         a, (B, T, _) = b.attn, x.shape
-        q, k = a.wq(x).view(B, T, a.n_heads, a.d_head), a.wk(x).view(B, T, a.n_heads, a.d_head)
+        q, k = a.wq(x).view(B, T, a.n_heads, a.d_head), a.wk(x).view(B, T, a.n_kv_heads, a.d_head)
+        k = k.repeat_interleave(a.n_heads // a.n_kv_heads, dim=2)   # GQA: a K head per query head
         if a.q_norm is not None: q, k = a.q_norm(q), a.k_norm(k)
         q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
         s = (q @ k.transpose(-1, -2)).abs() / math.sqrt(a.d_head)

@@ -13,7 +13,7 @@ from . import loss  # noqa: F401  registers the torch backend of ops.cross_entro
 from .moe import MoE
 
 # %% auto #0
-__all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'Attention', 'MLP', 'Block', 'GPT']
+__all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'slow_pairs_from', 'offset_keys', 'Attention', 'MLP', 'Block', 'GPT']
 
 # %% ../nbs/06_model.ipynb #211d4be6
 class RMSNorm(nn.Module):
@@ -41,27 +41,53 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).type_as(x)
 
 # %% ../nbs/06_model.ipynb #34a5d777
+def slow_pairs_from(d_head: int, base: float, seq_len: int, radius: float) -> int:
+    """The first rotary pair whose angle stays under `radius` radians over a row of `seq_len` positions: pairs from it
+    to d_head/2 − 1 (the frequencies fall with the pair index) are the slow ones; d_head/2 when none is."""
+    inv = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    slow = (inv * (seq_len - 1) < radius).nonzero()
+    return int(slow[0]) if len(slow) else d_head // 2
+
+# %% ../nbs/06_model.ipynb #725616d5
+def offset_keys(k: torch.Tensor, first: int) -> torch.Tensor:
+    """The rotary key offset: k [B, T, H, D] with channels first … D/2−1 and their rotation partners D/2+first … D−1
+    taken from position t−1 (position 0 keeps its own); the other channels untouched."""
+    half = k.shape[-1] // 2
+    prev = torch.cat([k[:, :1], k[:, :-1]], dim=1)
+    slow = torch.zeros(k.shape[-1], dtype=torch.bool, device=k.device)
+    slow[first:half] = True
+    slow[half + first:] = True
+    return torch.where(slow, prev, k)
+
+# %% ../nbs/06_model.ipynb #8e9dac55
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, ve: bool = False, window: int | None = None):
         super().__init__()
-        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.kv_heads, cfg.d_head
         self.wq = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.d_attn, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.d_kv, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.d_kv, bias=False)
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
         self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve else None
         self.window = window   # keys before the query it may see (None: the whole context)
+        # key_offset: the slow rotary pairs (fixed by the training length, whatever length a call has)
+        self.slow_from = (slow_pairs_from(cfg.d_head, cfg.rope_base, cfg.seq_len, cfg.key_offset)
+                          if cfg.key_offset else None)
 
     def forward(self, x, cos, sin, ve=None):
         B, T, _ = x.shape
-        q, k, v = (w(x).view(B, T, self.n_heads, self.d_head) for w in (self.wq, self.wk, self.wv))
-        if ve is not None:  # value embedding, scaled per head by 2·sigmoid(gate) (1 at init)
-            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
+        q = self.wq(x).view(B, T, self.n_heads, self.d_head)
+        k, v = (w(x).view(B, T, self.n_kv_heads, self.d_head) for w in (self.wk, self.wv))
         # QK-norm before the rotation: without gains the same as after it (a rotation keeps each head's RMS)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.slow_from is not None: k = offset_keys(k, self.slow_from)
+        if self.n_kv_heads < self.n_heads:   # GQA: each K/V head serves n_heads/n_kv_heads neighbouring query heads
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2) for t in (k, v))
+        if ve is not None:  # value embedding (one slice per query head), scaled per head by 2·sigmoid(gate), 1 at init
+            v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
         y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))   # y: [B, H, T, D]
 
@@ -91,8 +117,9 @@ class Block(nn.Module):
         self.attn = Attention(cfg, cfg.has_ve(layer), cfg.windows[layer])
         self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains), MoE(cfg) if moe else MLP(cfg)
         self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert, "swiglu") if moe and cfg.n_shared_experts else None
-    def forward(self, x, cos, sin, ve=None):
-        x = x + self.attn(self.norm1(x), cos, sin, ve)
+    def forward(self, x, cos, sin, ve=None, source=None):
+        "`source`: the stream the attention reads instead of `x` (attention-source reuse); the residual stays x."
+        x = x + self.attn(self.norm1(x if source is None else source), cos, sin, ve)
         h = self.norm2(x)
         return x + self.mlp(h) + (self.shared(h) if self.shared is not None else 0)
 
@@ -193,10 +220,12 @@ class GPT(nn.Module):
         with self._ops():
             x = self._table_rows(self.wte, idx)
             x = x0 = self.norm_e(x) if self.norm_e is not None else x
+            sources, kept = self.cfg.attn_sources(), {}   # attention-source reuse: reader -> source block; outputs
             for i, b in enumerate(self.blocks):
                 if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
                 ve = self._table_rows(self.value_embeds[str(i)], idx) if str(i) in self.value_embeds else None
-                x = b(x, cos, sin, ve)
+                x = b(x, cos, sin, ve, kept.get(sources.get(i)))
+                if i in sources.values(): kept[i] = x
             return self.norm_f(x)
 
     def _table_rows(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:

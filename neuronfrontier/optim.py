@@ -390,7 +390,7 @@ def ns_flops(shape, steps: int = 5) -> int:
 def muon_shapes(cfg) -> list[tuple[int, int]]:
     """Shapes ([out, in]) of the Muon matrices of a `ModelConfig` GPT (with its MLP and value-embedding switches; each
     expert of an MoE layer counted as its own matrices)."""
-    d, a = cfg.d_model, cfg.d_attn
+    d, a, kv = cfg.d_model, cfg.d_attn, cfg.d_kv   # kv: the K and V width (narrower with GQA)
     def mlp(f, n=1): return n * ([(f, d), (f, d), (d, f)] if cfg.mlp == "swiglu" else [(f, d), (d, f)])
     out = []
     for i in range(cfg.n_layers):
@@ -402,5 +402,6 @@ def muon_shapes(cfg) -> list[tuple[int, int]]:
             )
             ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
         else: ffn = mlp(cfg.d_mlp)
-        out += [(a, d), (a, d), (a, d), (d, a)] + ffn + ([(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) else [])
+        gate = [(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) else []
+        out += [(a, d), (kv, d), (kv, d), (d, a)] + ffn + gate
     return out

@@ -56,3 +56,88 @@ def test_value_embeddings_on_chosen_layers():
     assert m.n_params() == sum(p.numel() for p in g.parameters())
     with pytest.raises(ValueError, match=r"ve_layers='1,9' selects no layer or one outside 0..3"):
         resolve("cpu-micro", "kit", ["n_layers=4", "ve_layers=1,9"])
+
+
+def _attention_pair(**kw):
+    "(a GQA model, an MHA model with the same weights, K/V rows repeated per query head)."
+    cfg = ModelConfig(vocab_size=300, d_model=256, n_layers=2, n_heads=4, d_head=64, d_mlp=256, seq_len=128, **kw)
+    torch.manual_seed(0)
+    g = GPT(cfg)
+    for b in g.blocks: torch.nn.init.normal_(b.attn.wo.weight, std=0.05)
+    r = cfg.n_heads // cfg.kv_heads
+    sd = {}
+    for k, v in g.state_dict().items():
+        if k.endswith(("wk.weight", "wv.weight")):
+            v = v.view(cfg.kv_heads, cfg.d_head, -1).repeat_interleave(r, 0).reshape(cfg.d_attn, -1)
+        sd[k] = v
+    from dataclasses import replace
+    mha = GPT(replace(cfg, n_kv_heads=0))
+    mha.load_state_dict(sd)
+    return g, mha
+
+
+@pytest.mark.parametrize("kv", [1, 2])
+def test_gqa_equals_mha_with_repeated_kv_heads(kv):
+    g, mha = _attention_pair(n_kv_heads=kv, value_embeds=True, ve_layers="1")
+    idx = torch.randint(0, 300, (2, 128))
+    torch.testing.assert_close(g(idx)[..., :300], mha(idx)[..., :300], rtol=1e-4, atol=1e-4)
+    assert tuple(g.blocks[0].attn.wk.weight.shape) == (kv * 64, 256)
+    assert g.cfg.n_params() == sum(p.numel() for p in g.parameters())
+    assert g.cfg.n_params() < mha.cfg.n_params()
+
+
+def test_head_width_256_runs_and_the_kernel_shapes_are_refused_by_name():
+    cfg = ModelConfig(vocab_size=300, d_model=256, n_layers=1, n_heads=1, d_head=256, d_mlp=256, seq_len=128)
+    g = GPT(cfg.validate())
+    assert g(torch.randint(0, 300, (1, 128))).shape == (1, 128, 384)
+    with pytest.raises(ValueError, match="d_head=96 is not supported; use 64, 128 or 256"):
+        ModelConfig(n_heads=4, d_head=96).validate()
+
+
+def test_key_offset_touches_only_the_slow_channels():
+    "Keys with the offset: slow pairs (both halves) come from t-1, the rest and position 0 unchanged."
+    from neuronfrontier.model import offset_keys, slow_pairs_from
+    first = slow_pairs_from(256, 1e5, 1024, 0.3)
+    assert first == 91   # pairs 91..127: 37 of 128, as FrontierForge's K82s4 at radius 0.3
+    k = torch.randn(2, 10, 1, 256)
+    ko = offset_keys(k, first)
+    slow = list(range(first, 128)) + list(range(128 + first, 256))
+    fast = [c for c in range(256) if c not in slow]
+    torch.testing.assert_close(ko[:, 1:, :, slow], k[:, :-1, :, slow])
+    torch.testing.assert_close(ko[:, :, :, fast], k[:, :, :, fast])
+    torch.testing.assert_close(ko[:, 0], k[:, 0])
+    g, _ = _attention_pair(key_offset=0.3)
+    off = GPT(replace_cfg(g.cfg, key_offset=0.0))
+    off.load_state_dict(g.state_dict())
+    idx = torch.randint(0, 300, (1, 128))
+    assert not torch.allclose(g(idx), off(idx))   # the model reads it
+    torch.testing.assert_close(g(idx)[:, 0], off(idx)[:, 0])   # position 0 keeps its own keys
+
+
+def replace_cfg(cfg, **kw):
+    from dataclasses import replace
+    return replace(cfg, **kw)
+
+
+def test_attention_source_reuse_reads_the_source_blocks_stream():
+    "With attn_source '0:1', block 1's attention reads norm1(output of block 0)... which is its own input: equal;"
+    " with '0:2' block 2 reads block 0's output instead of block 1's, as a direct computation gives."
+    cfg = ModelConfig(vocab_size=300, d_model=256, n_layers=3, n_heads=4, d_head=64, d_mlp=256, seq_len=128)
+    torch.manual_seed(0)
+    plain = GPT(cfg)
+    for b in plain.blocks: torch.nn.init.normal_(b.attn.wo.weight, std=0.05)
+    for b in plain.blocks: torch.nn.init.normal_(b.mlp.w_down.weight, std=0.05)
+    reuse = GPT(replace_cfg(cfg, attn_source="0:2"))
+    reuse.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 300, (2, 64))
+    cos, sin = plain.rope(64, "cpu")
+    x0 = plain.wte(idx)
+    h0 = plain.blocks[0](x0, cos, sin)
+    h1 = plain.blocks[1](h0, cos, sin)
+    b2 = plain.blocks[2]
+    x = h1 + b2.attn(b2.norm1(h0), cos, sin)   # attention from block 0's output, residual on its own stream
+    want = x + b2.mlp(b2.norm2(x))
+    torch.testing.assert_close(reuse.hidden(idx), plain.norm_f(want))
+    assert not torch.allclose(reuse.hidden(idx), plain.hidden(idx))
+    with pytest.raises(ValueError, match="readers must come after block j"):
+        replace_cfg(cfg, attn_source="2:1").validate()
