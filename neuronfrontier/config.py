@@ -12,9 +12,9 @@ __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_
            'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
            'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups', 'ShapeSettings', 'ArchSettings',
            'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings',
-           'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train',
-           'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
-           'setting_sources']
+           'ObjectiveSettings', 'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings',
+           'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags',
+           'recipe_names', 'resolve', 'config_dict', 'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -355,6 +355,19 @@ class ScheduleSettings:
     warmup_frac: float = 0.02   # share of the budget the rate ramps up over, linearly from 0
     cooldown_frac: float = 0.4  # last share of the budget the rate decays over (wsd)
     final_lr_frac: float = 0.0  # the rate at the end, as a fraction of its peak
+    warmup_steps: int = 0       # > 0: the rate ramps as (step+1)/warmup_steps over the first steps instead, each
+                                # a full step (K82s4: 20)
+    batch_warmup: str = ""      # batch warm-up 'until:share:lr,...': before budget fraction `until` a step takes
+                                # `share` of its micro-batches at `lr` × the rate (K82s4: '0.06:0.25:0.35,0.2:0.5:0.6')
+
+# %% ../nbs/01_config.ipynb #4fbe86a0
+@dataclass
+class ObjectiveSettings:
+    "What the training loss scores: the next token, or (multi-token prediction) the next few, faded out."
+    mtp_weights: str = ""       # loss weights of the next k tokens from one head, e.g. '1,0.5,0.25' ('' = next only)
+    mtp_fade: str = ""          # budget fractions at which the weights reach 0, farthest token first: the last
+                                # fades from 0 to the first fraction, the next from there to the second, ...
+    mtp_stages: int = 4         # each fade in this many steady stages (the midpoints of a linear fade)
 
 # %% ../nbs/01_config.ipynb #56d5770e
 @dataclass
@@ -397,7 +410,8 @@ class ResilienceSettings:
 
 # %% ../nbs/01_config.ipynb #2d34b42a
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
-         execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings, resilience=ResilienceSettings)
+         objective=ObjectiveSettings, execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings,
+         resilience=ResilienceSettings)
 @dataclass(init=False)
 class TrainConfig:
     "Optimisation and run settings, by concern; every setting can be overridden by its name with `--set key=value`."
@@ -405,6 +419,7 @@ class TrainConfig:
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings)
     muon: MuonSettings = field(default_factory=MuonSettings)
     lr_schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)
     execution: ExecutionSettings = field(default_factory=ExecutionSettings)
     clock: ClockSettings = field(default_factory=ClockSettings)
     evaluation: EvalSettings = field(default_factory=EvalSettings)
@@ -456,7 +471,27 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.resid_lr_scale < 0: raise ValueError(f"resid_lr_scale={t.resid_lr_scale} must be >= 0")
     if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
         raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
+    _validate_phases(t)
     return t
+
+def _floats(t: TrainConfig, name: str, sep: str = ",") -> list[float]:
+    "A setting's comma-separated numbers (each item split further by `sep`), or a one-line error naming it."
+    try: return [float(x) for item in str(getattr(t, name)).split(",") if item.strip() for x in item.split(sep)]
+    except ValueError: raise ValueError(f"{name}={getattr(t, name)!r} is not a list of numbers") from None
+
+def _validate_phases(t: TrainConfig):
+    "The batch warm-up and the multi-token fade: well-formed, inside the budget, in order."
+    if t.warmup_steps < 0: raise ValueError(f"warmup_steps={t.warmup_steps} must be >= 0 (0: warmup_frac)")
+    flat = _floats(t, "batch_warmup", ":")
+    until = flat[0::3]
+    if len(flat) % 3 or until != sorted(until) or not all(0 < f <= 1 for f in flat):
+        raise ValueError(f"batch_warmup={t.batch_warmup!r}: use 'until:share:lr,...' with numbers in (0, 1] and "
+                         "the fractions rising, e.g. '0.06:0.25:0.35,0.2:0.5:0.6'")
+    w, fade = _floats(t, "mtp_weights"), _floats(t, "mtp_fade")
+    if w and (len(fade) != len(w) - 1 or fade != sorted(fade) or not all(0 < f <= 1 for f in fade)):
+        raise ValueError(f"mtp_fade={t.mtp_fade!r} needs {len(w) - 1} rising fractions in (0, 1] for "
+                         f"mtp_weights={t.mtp_weights!r}, e.g. '0.2,0.45' for three weights")
+    if t.mtp_stages < 1: raise ValueError(f"mtp_stages={t.mtp_stages} must be >= 1")
 
 # %% ../nbs/01_config.ipynb #78fab666
 CONFIGS: dict[str, ModelConfig] = {
@@ -645,6 +680,11 @@ FIELD_SOURCES: dict[str, str] = {
     "warmup_frac": "choice: 2% warm-up, not tuned",
     "cooldown_frac": "choice: 40% cool-down, not tuned",
     "final_lr_frac": "WSD to zero",
+    "warmup_steps": "0: the warm-up follows warmup_frac",
+    "batch_warmup": "off: every step takes its whole batch",
+    "mtp_weights": "off: the next token only, as the kit",
+    "mtp_fade": "off (no multi-token weights to fade)",
+    "mtp_stages": "FrontierForge K82s4: 4 stages a fade (recipes/K82s4/train.py)",
     "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere",
     "dtype": "runtime: auto = bf16 where the device computes it natively (trn2, CUDA, a CPU whose probe says so), "
              "else fp32 (02_precision)",

@@ -11,15 +11,17 @@ from . import ops
 
 # %% auto #0
 __all__ = ['CE_BLOCK_BYTES', 'naive_cross_entropy', 'online_logsumexp', 'auto_chunk_size', 'ChunkedCrossEntropy',
-           'chunked_cross_entropy', 'cross_entropy_torch']
+           'chunked_cross_entropy', 'cross_entropy_torch', 'multi_token_targets']
 
 # %% ../nbs/04_loss.ipynb #3120668d
-def _prep(h, w_head, targets, softcap, reduction, vocab_size):
-    "Flatten `h` to [N, d] and `targets` to [N]; validate; return (h2, t, V, c)."
+def _prep(h, w_head, targets, softcap, reduction, vocab_size, k=None):
+    "Flatten `h` to [N, d] and `targets` to [N] (to [N, k] with `k` targets a token); validate; return (h2, t, V, c)."
     d = h.shape[-1]
     if w_head.ndim != 2 or w_head.shape[1] != d:
         raise ValueError(f"w_head must be [V, d={d}] (nn.Linear layout), got {tuple(w_head.shape)}")
-    h2, t = h.reshape(-1, d), targets.reshape(-1)
+    if k is not None and targets.shape[-1] != k:
+        raise ValueError(f"targets must end in {k} columns, one per weight, got {tuple(targets.shape)}")
+    h2, t = h.reshape(-1, d), (targets.reshape(-1) if k is None else targets.reshape(-1, k))
     if t.shape[0] != h2.shape[0]: raise ValueError(f"targets has {t.shape[0]} tokens but h has {h2.shape[0]}")
     V = w_head.shape[0] if vocab_size is None else int(vocab_size)
     if not 0 < V <= w_head.shape[0]:
@@ -35,8 +37,11 @@ def _acc_dtype(*ts):
 
 # %% ../nbs/04_loss.ipynb #0c503a36
 def _reduce(loss, t, reduction):
+    "The mean is over the counted next-token targets (the first column of [N, k] targets)."
     if reduction == "none": return loss
-    return loss.sum() / (t >= 0).sum().clamp_min(1) if reduction == "mean" else loss.sum()
+    return loss.sum() / _counted(t).clamp_min(1) if reduction == "mean" else loss.sum()
+
+def _counted(t): return ((t if t.ndim == 1 else t[:, 0]) >= 0).sum()
 
 # %% ../nbs/04_loss.ipynb #eb7050b0
 def naive_cross_entropy(h, w_head, targets, softcap=None, reduction="mean", chunk_size=None, vocab_size=None):
@@ -72,9 +77,10 @@ def auto_chunk_size(n_tokens: int, vocab: int, block_bytes: int = CE_BLOCK_BYTES
 
 # %% ../nbs/04_loss.ipynb #912cb7b6
 @torch.no_grad()
-def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None):
+def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None, weights=None):
     """Per-token loss, log-sum-exp and (if `scale` is given) `scale`-weighted dlogits of one token chunk, fp32, full
-    vocab rows."""
+    vocab rows. `tc` [C], or [C, k] with `weights` [k]: each token's loss is Σ_j w_j·(lse − s[target_j]), one softmax
+    for all k targets."""
     z = (hc @ wv.t()).to(
         torch.promote_types(hc.dtype, torch.float32)
     )  # [C, V] fp32, the only large block (two with softcap)
@@ -82,8 +88,10 @@ def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None):
         th = z.div_(c).tanh_()
         s = th * c  # s = c·tanh(z/c); keep tanh for the chain rule
     else: th, s = None, z
-    valid, ts = tc >= 0, tc.clamp_min(0)[:, None]
-    s_t = s.gather(1, ts)[:, 0]                                  # logit of the target
+    tk = tc[:, None] if tc.ndim == 1 else tc                     # [C, k]: the targets of each token
+    valid, ts = tk >= 0, tk.clamp_min(0)
+    wk = torch.where(valid, 1. if weights is None else weights, 0.).to(s.dtype)   # [C, k]: 0 where ignored
+    s_t = s.gather(1, ts)                                        # logits of the targets
     if lse is None:
         m = s.amax(1, keepdim=True)
         p = s.sub_(m).exp_()
@@ -91,11 +99,13 @@ def _chunk_lse_grad(hc, wv, tc, c, scale=None, lse=None):
         lse = (m + tot.log())[:, 0]
         if scale is not None: p.div_(tot)                        # softmax
     else: p = s.sub_(lse[:, None]).exp_()                        # softmax from the saved log-sum-exp
-    loss = torch.where(valid, lse - s_t, 0.)
+    loss = (wk * (lse[:, None] - s_t)).sum(1)
     if scale is None: return loss, lse, None
-    p.scatter_add_(1, ts, torch.full_like(s_t, -1.)[:, None])    # softmax - onehot
+    if tc.ndim > 1: p.mul_(wk.sum(1, keepdim=True))              # Σ_j w_j·softmax ...
+    p.scatter_add_(1, ts, -wk)                                   # ... − Σ_j w_j·onehot_j
     if th is not None: p.mul_(th.mul_(th).neg_().add_(1))        # ⊙ (1 - tanh²(z/c))
-    p.mul_(torch.where(valid, scale, 0.)[:, None])               # row scale; ignored rows -> 0
+    if tc.ndim == 1: p.mul_(torch.where(valid[:, 0], scale, 0.)[:, None])   # row scale; ignored rows -> 0
+    else: p.mul_(scale if scale.ndim == 0 else scale[:, None])
     return loss, lse, p
 
 # %% ../nbs/04_loss.ipynb #1f06fb59
@@ -130,7 +140,7 @@ def _buffers(h2, w, gh, gw):
 class ChunkedCrossEntropy(torch.autograd.Function):
     "Cross-entropy of `h2 @ w[:V].T` against `t`, token chunk by token chunk; see `chunked_cross_entropy`."
     @staticmethod
-    def forward(ctx, h2, w, t, c, reduction, chunk, V):
+    def forward(ctx, h2, w, t, c, reduction, chunk, V, weights=None):
         gh, gw = ctx.needs_input_grad[:2]
         fused = (gh or gw) and reduction != "none"
         acc, mm, N = _acc_dtype(h2, w), _matmul_dtype(h2, w), h2.shape[0]
@@ -138,19 +148,20 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             wm = w[:V].to(mm)                                 # the head in the matmul dtype (bf16 under autocast)
             loss = torch.empty(N, dtype=acc, device=h2.device)
             if fused:
-                count = (t >= 0).sum().clamp_min(1)
+                count = _counted(t).clamp_min(1)
                 scale = (1.0 / count if reduction == "mean" else torch.ones((), device=h2.device)).to(acc)
                 dh, dw = _buffers(h2, w, gh, gw)
             else: lse = torch.empty_like(loss)
             for i in range(0, N, chunk):
                 hc, tc = h2[i:i + chunk].to(mm), t[i:i + chunk]
                 if fused:
-                    loss[i:i + chunk], _, dz = _chunk_lse_grad(hc, wm, tc, c, scale)
+                    loss[i:i + chunk], _, dz = _chunk_lse_grad(hc, wm, tc, c, scale, weights=weights)
                     if gh: _mm_into(dh[i:i + chunk], dz, wm)
                     if gw: _mm_into(dw[:V], dz.t(), hc, accumulate=True)
                     del dz
-                else: loss[i:i + chunk], lse[i:i + chunk], _ = _chunk_lse_grad(hc, wm, tc, c)
+                else: loss[i:i + chunk], lse[i:i + chunk], _ = _chunk_lse_grad(hc, wm, tc, c, weights=weights)
         ctx.fused, ctx.c, ctx.chunk, ctx.V, ctx.dtypes, ctx.mm = fused, c, chunk, V, (h2.dtype, w.dtype), mm
+        ctx.weights = weights
         if fused: ctx.save_for_backward(dh, dw)
         elif gh or gw: ctx.save_for_backward(h2, w, t, lse)
         return _reduce(loss, t, reduction)
@@ -162,7 +173,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             dh, dw = ctx.saved_tensors
             dh = None if dh is None else (dh * g).to(hdt)
             dw = None if dw is None else (dw * g).to(wdt)      # not in place: the graph may be backpropagated again
-            return dh, dw, None, None, None, None, None
+            return dh, dw, None, None, None, None, None, None
         h2, w, t, lse = ctx.saved_tensors
         gh, gw = ctx.needs_input_grad[:2]
         V, chunk, c, mm = ctx.V, ctx.chunk, ctx.c, ctx.mm
@@ -171,25 +182,34 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             dh, dw = _buffers(h2, w, gh, gw)
             for i in range(0, h2.shape[0], chunk):
                 hc = h2[i:i + chunk].to(mm)
-                _, _, dz = _chunk_lse_grad(hc, wm, t[i:i + chunk], c, g[i:i + chunk], lse[i:i + chunk])
+                _, _, dz = _chunk_lse_grad(hc, wm, t[i:i + chunk], c, g[i:i + chunk], lse[i:i + chunk], ctx.weights)
                 if gh: _mm_into(dh[i:i + chunk], dz, wm)
                 if gw: _mm_into(dw[:V], dz.t(), hc, accumulate=True)
                 del dz
-        return (None if dh is None else dh.to(hdt)), (None if dw is None else dw.to(wdt)), None, None, None, None, None
+        return (None if dh is None else dh.to(hdt)), (None if dw is None else dw.to(wdt)), *[None] * 6
 
 # %% ../nbs/04_loss.ipynb #624d0d72
-def chunked_cross_entropy(h, w_head, targets, softcap=None, reduction="mean", chunk_size=None, vocab_size=None):
+def chunked_cross_entropy(h, w_head, targets, softcap=None, reduction="mean", chunk_size=None, vocab_size=None,
+                          weights=None):
     """Cross-entropy of the logits `h @ w_head[:vocab_size].T` (softcapped `c·tanh(z/c)` if `softcap`) without
     materialising them. h: [N, d] or [B, T, d]; w_head: [V_padded, d]; targets: [N] or [B, T] long, < 0 = ignored.
     reduction: 'mean' (over counted tokens, 0 if none), 'sum', or 'none' (per-token nats, 0 where ignored).
     chunk_size: tokens per chunk (default `auto_chunk_size`). Returns an fp32 (fp64 for fp64 inputs) loss; grads come
-    back in the input dtypes."""
-    h2, t, V, c = _prep(h, w_head, targets, softcap, reduction, vocab_size)
+    back in the input dtypes. `weights` [k] (a tensor): k targets a token (targets [..., k], see
+    `multi_token_targets`), each token's loss Σ_j w_j·CE_j, the mean over the counted first targets."""
+    k = None if weights is None else weights.shape[0]
+    h2, t, V, c = _prep(h, w_head, targets, softcap, reduction, vocab_size, k)
     chunk = int(chunk_size) if chunk_size else auto_chunk_size(h2.shape[0], V)
-    return ChunkedCrossEntropy.apply(h2, w_head, t, c, reduction, chunk, V)
+    return ChunkedCrossEntropy.apply(h2, w_head, t, c, reduction, chunk, V, weights)
 
 # %% ../nbs/04_loss.ipynb #ec02f45a
 @ops.register("cross_entropy", "torch")
 def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
     "`ops.cross_entropy` in PyTorch: `chunked_cross_entropy` with its default chunk size."
     return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
+
+# %% ../nbs/04_loss.ipynb #31088270
+def multi_token_targets(targets: torch.Tensor, k: int) -> torch.Tensor:
+    "[B, T] next-token targets → [B, T, k]: column j is the target j tokens further on, −1 past the row's end."
+    cols = [targets] + [F.pad(targets[:, j:], (0, j), value=-1) for j in range(1, k)]
+    return torch.stack(cols, dim=-1)

@@ -246,18 +246,16 @@ class GPT(nn.Module):
         if self.cfg.padded_vocab > self.cfg.vocab_size: logits[..., self.cfg.vocab_size:] = float("-inf")
         return logits
 
-    def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", mtp=None) -> torch.Tensor:
         """Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`; training adds the MoE balancing
-        terms."""
+        terms. `mtp` [k] (a tensor): multi-token prediction, the same logits scored against the k next tokens with
+        these weights (PyTorch's chunked loss; a tensor, so a new weight is no new graph)."""
         h = self.hidden(idx)
-        with self._ops():
-            ce = ops.cross_entropy(
-                h.flatten(0, 1),
-                self.lm_head.weight,
-                targets.flatten(),
-                softcap=self.cfg.softcap or None,
-                reduction=reduction,
-                vocab_size=self.cfg.vocab_size,
-            )
+        kw = dict(softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
+        if mtp is not None:
+            multi = loss.multi_token_targets(targets, mtp.shape[0])
+            ce = loss.chunked_cross_entropy(h, self.lm_head.weight, multi, weights=mtp.to(h.device), **kw)
+        else:
+            with self._ops(): ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), **kw)
         if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
         return ce

@@ -21,6 +21,7 @@ from .resilience import (parse_faults, install_kernel_faults, preflight, preflig
 from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import init_distributed, agree_max, DataParallel, parallelize
 from .batches import Prefetcher, _training_rows
+from .phases import batch_phase, mtp_weights_at
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
 from .precision import Precision, choose_precision, TORCH_DTYPES
@@ -57,19 +58,24 @@ def autocast(device: torch.device, dtype: str):
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None,
                parallel: DataParallel | None = None, lr_scale: float = 1.0, poison: bool = False,
                step: int | None = None) -> torch.Tensor:
-    """One optimiser step at budget fraction `frac` over `grad_accum` micro-batches from `batches`, the gradients
-    synchronised and clipped by `parallel` (default: one process); returns this rank's mean loss (a device tensor).
-    `lr_scale`: what rollbacks have lowered the learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`);
-    `step`: the step's index (0 first), for schedules counted in steps (`muon_momentum_steps`)."""
+    """One optimiser step at budget fraction `frac` over the micro-batches `batch_phase` gives (`grad_accum` outside a
+    batch warm-up) from `batches`, the gradients synchronised and clipped by `parallel` (default: one process); returns
+    this rank's mean loss (a device tensor; with multi-token weights, per unit of weight: comparable to the
+    next-token loss and to ln V, which the guard reads).
+    `lr_scale`: what rollbacks have lowered the learning rate to; `poison`:
+    make the loss NaN (`NF_FAULT=nan@N`); `step`: the step's index (0 first), for schedules counted in steps."""
     parallel = parallel or DataParallel()
     loss_fn = loss_fn or model.loss
-    apply_schedule(opts, tcfg, frac, lr_scale, step)
+    accum, phase_lr = batch_phase(tcfg, frac, step)
+    apply_schedule(opts, tcfg, frac, lr_scale * phase_lr, step)
+    mtp = mtp_weights_at(tcfg, frac)   # a tensor whenever set, to the end: one compiled graph for every stage
+    extra = {} if mtp is None else {"mtp": torch.tensor(mtp, device=device)}
     total = torch.zeros((), device=device)
-    for _ in range(tcfg.grad_accum):
+    for _ in range(accum):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, tcfg.dtype):
-            loss = loss_fn(x, y) / tcfg.grad_accum
+            loss = loss_fn(x, y, **extra) / accum
         if poison: loss = loss * float("nan")   # a fault on purpose: NaN gradients, then NaN weights
         loss.backward()
         total += loss.detach()
@@ -78,7 +84,7 @@ def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, los
     for o in opts: o.step()
     for o in opts: o.zero_grad(set_to_none=True)
     model.after_step()          # e.g. the loss-free balancing bias of MoE routers
-    return total
+    return total if mtp is None else total / sum(mtp)
 
 # %% ../nbs/30_train.ipynb #0dadcdd9
 def _log_line(rec: dict) -> str:
@@ -463,8 +469,10 @@ class _Metrics:
         "Write the record of the step just taken (`frac`: its place in the schedule); returns it."
         run, state = self.run, self.run.state
         tok_s = (state["tokens"] - self.tok0) / max((self._steps_ns() - self.t0) / 1e9, 1e-9)
+        phase_lr = batch_phase(run.tcfg, frac, state["step"] - 1)[1]   # the step just taken's batch warm-up rate
         rec = {"step": state["step"], "time_s": round(self.clock.charged_ns / 1e9, 4), "loss": loss,
-               "lr_mult": round(lr_multiplier(frac, run.tcfg) * run.lr_scale, 5), "tokens": state["tokens"],
+               "lr_mult": round(lr_multiplier(frac, run.tcfg) * run.lr_scale * phase_lr, 5),
+               "tokens": state["tokens"],
                "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=run.world),
                "world_size": run.world, **run.model.moe_stats()}
         if self.file:
@@ -557,7 +565,7 @@ def loop(
             _time_step(run, clock, watchdog, started_ns, logged or near_end, waits)
             state["train_ns"] = clock.charged_ns
             state["step"] += 1
-            state["tokens"] += run.tokens_per_step
+            state["tokens"] += run.tokens_per_step * batch_phase(tcfg, frac, state["step"] - 1)[0] // tcfg.grad_accum
             if not logged: continue
             # at log steps: the guard, then the metrics
             verdict, problem = guard.check(last_loss, bool(bad), frac)

@@ -141,3 +141,61 @@ def test_attention_source_reuse_reads_the_source_blocks_stream():
     assert not torch.allclose(reuse.hidden(idx), plain.hidden(idx))
     with pytest.raises(ValueError, match="readers must come after block j"):
         replace_cfg(cfg, attn_source="2:1").validate()
+
+
+def test_mtp_loss_equals_a_direct_computation_and_fades_in_stages():
+    "model.loss with MTP weights = Σ_j w_j CE(logits_t, y_{t+j}) / next-token count; the weights fade as K82s4's."
+    from neuronfrontier.config import TrainConfig
+    from neuronfrontier.phases import mtp_weights_at
+    m, _ = resolve("cpu-micro", "kit")
+    torch.manual_seed(0)
+    g = GPT(m)
+    torch.nn.init.normal_(g.lm_head.weight, std=0.05)
+    x, y = torch.randint(0, m.vocab_size, (2, 64)), torch.randint(0, m.vocab_size, (2, 64))
+    w = torch.tensor([1.0, 0.5, 0.25])
+    logits = g(x)[..., :m.vocab_size].float()
+    direct = 0
+    for j, wj in enumerate(w):
+        tj = torch.full_like(y, -1)
+        tj[:, :64 - j] = y[:, j:]
+        direct = direct + wj * F.cross_entropy(logits.flatten(0, 1), tj.flatten(), ignore_index=-1, reduction="sum")
+    direct = direct / y.numel()
+    torch.testing.assert_close(g.loss(x, y, mtp=w), direct, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g.loss(x, y, mtp=torch.tensor([1.0, 0.0, 0.0])), g.loss(x, y), rtol=1e-6, atol=1e-6)
+    t = TrainConfig(mtp_weights="1,0.5,0.25", mtp_fade="0.2,0.45", mtp_stages=4)
+    stages = [mtp_weights_at(t, f) for f in (0.0, 0.06, 0.11, 0.16, 0.2, 0.27, 0.33, 0.4, 0.45, 0.99)]
+    assert [s[2] for s in stages[:4]] == [0.21875, 0.15625, 0.09375, 0.03125]   # w3 over [0, 0.2)
+    assert [s[1] for s in stages[:4]] == [0.5] * 4
+    assert [s[1] for s in stages[4:8]] == [0.4375, 0.3125, 0.1875, 0.0625]      # w2 over [0.2, 0.45)
+    assert stages[8] == stages[9] == (1.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="mtp_fade='0.2' needs 2 rising fractions"):
+        resolve("cpu-micro", "kit", ["mtp_weights=1,0.5,0.25", "mtp_fade=0.2"])
+
+
+def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
+    "train_step takes share × grad_accum micro-batches at the phase's rate, then the whole step at the schedule's."
+    from neuronfrontier.optim import build_optimizers, lr_multiplier
+    from neuronfrontier.train import train_step
+    m, t = resolve("cpu-micro", "kit", ["grad_accum=4", "batch_size=1", "seq_len=128", "eval_seq_len=128",
+                                         "warmup_steps=2", "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6"])
+    g = GPT(m)
+    opts = build_optimizers(g, t)
+    taken = []
+    def batches():
+        while True:
+            taken.append(1)
+            yield torch.randint(0, m.vocab_size, (1, 128)), torch.randint(0, m.vocab_size, (1, 128))
+    it = batches()
+    def step(frac, i):
+        taken.clear()
+        train_step(g, opts, it, t, frac, "cpu", step=i)
+        lr = opts[0].param_groups[0]["lr"] / opts[0].param_groups[0]["initial_lr"]
+        return len(taken), round(lr / lr_multiplier(frac, t), 6)
+    assert step(0.0, 0) == (4, 0.5)        # warm-up step 1 of 2: whole batch, (0+1)/2 of the rate
+    assert step(0.03, 5) == (1, 0.35)
+    assert step(0.059, 6) == (1, 0.35)
+    assert step(0.061, 7) == (2, 0.6)
+    assert step(0.19, 8) == (2, 0.6)
+    assert step(0.2, 9) == (4, 1.0)
+    with pytest.raises(ValueError, match="batch_warmup='0.2:0.5': use 'until:share:lr"):
+        resolve("cpu-micro", "kit", ["batch_warmup=0.2:0.5"])
