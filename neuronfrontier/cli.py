@@ -78,7 +78,7 @@ _SCORING: dict[str, tuple[str, list]] = {
 _SUBMISSION: dict[str, tuple[str, list]] = {
     "export": ("write a competition submission: a self-contained train.py, launch.txt, README.md", [
         flag_group("what to train", "--config", "--recipe", "--set",
-                   config=dict(default="dense-124m", help="model preset baked into train.py (default dense-124m)")),
+                   config=dict(default="trn2-124m", help="model preset baked into train.py (default trn2-124m)")),
         flag_group("machines", "--nproc", "--fsdp", "--nnodes", "--rdzv-endpoint",
                    nproc=dict(default=8, help="processes in the launch line: 8 (LNC 1, the default; see 60_recipe) or "
                                               "4 (LNC 2); 1 allowed"),
@@ -508,7 +508,8 @@ def _check(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
-    from neuronfrontier.config import CONFIGS, TrainConfig, resolve, recipe_names, setting_sources, setting_groups
+    from neuronfrontier.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names, setting_sources,
+                                       setting_groups)
     names = [a.config] if a.config else list(CONFIGS)
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
           f"layers x d_model (heads x d_head), MLP, seq  tiles")
@@ -526,15 +527,16 @@ def _info(a) -> int:
             f"{m.seq_len}  "
             f"ok (multiples of 128)"
         )
-    if a.config:   # one preset: where each of its training settings comes from
+    if a.config:   # one preset: where each of its model and training settings comes from
         recipes = " + ".join(recipe_names(a.config, a.recipe)) or "none"
-        print(f"\nrecipe: {recipes}; training settings by group, and their sources:")
-        groups, group = setting_groups(TrainConfig), None
-        for k, v, src in setting_sources(a.config, a.recipe, a.sets):
-            if groups[k] != group:   # a heading for each group of settings
-                group = groups[k]
-                print(f" {group}:")
-            print(f"  {k:20s} {v!s:>14}  {src}")
+        print(f"\nrecipe: {recipes}; settings by group, and their sources:")
+        for cls, model in ((ModelConfig, True), (TrainConfig, False)):
+            groups, group = setting_groups(cls), None
+            for k, v, src in setting_sources(a.config, a.recipe, a.sets, model=model):
+                if groups[k] != group:   # a heading for each group of settings
+                    group = groups[k]
+                    print(f" {group}:")
+                print(f"  {k:20s} {v!s:>14}  {src}")
     return 0
 
 # %% ../nbs/99_cli.ipynb #11dc670e

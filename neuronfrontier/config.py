@@ -9,12 +9,12 @@ from dataclasses import dataclass, field, fields, replace, MISSING
 
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
-           'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
-           'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups', 'ShapeSettings', 'ArchSettings',
-           'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings',
-           'ObjectiveSettings', 'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings',
-           'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags',
-           'recipe_names', 'resolve', 'config_dict', 'setting_sources']
+           'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FF', 'FIELD_SOURCES', 'PRESET_SOURCES',
+           'MODEL_PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups',
+           'ShapeSettings', 'ArchSettings', 'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings',
+           'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'ExecutionSettings', 'ClockSettings',
+           'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides',
+           'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict', 'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -85,7 +85,7 @@ def setting_groups(cls) -> dict[str, str]:
 
 # %% ../nbs/01_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")
-_INITS, _TABLE_DTYPES = ("normal", "uniform"), ("fp32", "bf16")
+_INITS, _TABLE_DTYPES, _VE_MIXES = ("normal", "uniform"), ("fp32", "bf16"), ("gate", "scalars")
 
 @dataclass
 class ShapeSettings:
@@ -112,6 +112,9 @@ class ArchSettings:
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
     ve_layers: str = ""        # with value_embeds: the layers that get one, e.g. '0,4,8' ('': alternating, as above)
     ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
+    ve_mix: str = "gate"       # 'gate': v + 2σ(gate(x))·ve per head (the kit); 'scalars': a·v + b·ve, a = b = 0.5 at
+                               # init, two learnable numbers a layer (K82s4)
+    ve_shared: bool = False    # one value-embedding table read by every layer that has one (K82s4), not one each
     layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
     norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
     embed_norm: bool = False   # RMSNorm on the token embedding's output (then x0 is the normalised embedding)
@@ -203,6 +206,8 @@ class ModelConfig:
         if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
         if not 0 <= self.mlp_leak < 1: raise ValueError(f"mlp_leak={self.mlp_leak} must lie in [0, 1) (0: ReLU²)")
         if self.ve_layers: self._ve_layer_ids()
+        if self.ve_mix not in _VE_MIXES:
+            raise ValueError(f"ve_mix={self.ve_mix!r} is unknown; use one of {', '.join(_VE_MIXES)}")
         if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
             raise ValueError(f"window_pattern={self.window_pattern!r}: use the letters S (half context) and L (full), "
                              "e.g. SSSL")
@@ -247,6 +252,14 @@ class ModelConfig:
         if self.ve_layers: return layer in self._ve_layer_ids()
         return layer % 2 == (self.n_layers - 1) % 2
 
+    def ve_table_of(self, layer: int) -> int | None:
+        "The value-embedding table block `layer` reads, named by the first layer that reads it (None: it has none)."
+        if not self.has_ve(layer): return None
+        return next(i for i in range(self.n_layers) if self.has_ve(i)) if self.ve_shared else layer
+
+    @property
+    def n_ve_tables(self) -> int: return len({self.ve_table_of(i) for i in range(self.n_layers)} - {None})
+
     def _ve_layer_ids(self) -> set[int]:
         try: ids = {int(x) for x in str(self.ve_layers).split(",") if x.strip()}
         except ValueError:
@@ -281,6 +294,7 @@ class ModelConfig:
         "Weights that multiply activations: attention, MLPs (or experts), value-embedding gates and the head."
         d, a, kv = self.d_model, self.d_attn, self.d_kv
         gates = sum(self.has_ve(i) for i in range(self.n_layers)) * self.ve_gate_channels * self.n_heads
+        gates *= self.ve_mix == "gate"
         attn = 2 * d * a + 2 * d * kv   # q and out; k and v (narrower with GQA)
         return sum(attn + self._mlp_params(i, active) for i in range(self.n_layers)) + gates + self.padded_vocab * d
 
@@ -289,8 +303,9 @@ class ModelConfig:
         routed experts a token uses."""
         d, L = self.d_model, self.n_layers
         gains = (L * (2 * d + (2 * self.d_head if self.qk_norm else 0)) + d) * self.norm_gains  # norms, final norm
-        scalars = 2 * L if self.layer_scalars else 0
-        tables = self.padded_vocab * (d + sum(self.has_ve(i) for i in range(L)) * self.d_attn)  # wte + value embeddings
+        ve_mixes = 2 * sum(map(self.has_ve, range(L))) * (self.ve_mix == "scalars")   # (a, b) per layer
+        scalars = (2 * L if self.layer_scalars else 0) + ve_mixes
+        tables = self.padded_vocab * (d + self.n_ve_tables * self.d_attn)  # wte + value embeddings
         return self._matmul_params(active) + gains + scalars + (tables if embedding else 0)
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
@@ -498,12 +513,16 @@ CONFIGS: dict[str, ModelConfig] = {
     "dense-124m": ModelConfig(d_model=768, n_layers=12, n_heads=12, d_head=64, d_mlp=2048, seq_len=2048),
     "cpu-tiny": ModelConfig(d_model=256, n_layers=4, n_heads=4, d_head=64, d_mlp=768, seq_len=512),
     "cpu-micro": ModelConfig(d_model=128, n_layers=2, n_heads=2, d_head=64, d_mlp=256, seq_len=512),
+    # FrontierForge's K82s4 shape (CHIP_EVIDENCE 5): 9 × 1024, 4 query heads of 256 on 1 K/V head, MLP 4×
+    "trn2-124m": ModelConfig(d_model=1024, n_layers=9, n_heads=4, n_kv_heads=1, d_head=256, d_mlp=4096, seq_len=1024),
 }
 
 TRAIN_DEFAULTS: dict[str, TrainConfig] = {
     "dense-124m": TrainConfig(batch_size=16, global_batch_tokens=8 * 16 * 2048, eval_seq_len=2048),
     "cpu-tiny": TrainConfig(batch_size=8, embed_lr=0.3, head_lr=0.008),  # measured: 60_recipe
     "cpu-micro": TrainConfig(batch_size=2),
+    # K82s4: 8 rows of 1,024 a rank, 8 ranks (LNC=1), 4 micro-batches a step = 262,144 tokens
+    "trn2-124m": TrainConfig(batch_size=8, global_batch_tokens=262_144, eval_seq_len=1024),
 }
 
 # the MoE presets follow their dense backbones (notebook 05_moe)
@@ -600,16 +619,46 @@ RECIPES: dict[str, list[str]] = {
         "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true",
         # lr_schedule
         "schedule=wsd", "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
+    # FrontierForge's K82s4 (CHIP_EVIDENCE 5, recipes/K82s4/train.py): the kit's lineage with what the chip measured
+    "trn2": [
+        # arch
+        "mlp=relu2", "mlp_leak=0.35", "value_embeds=true", "ve_shared=true", "ve_mix=scalars", "key_offset=0.3",
+        "rope_base=100000", "layer_scalars=true", "norm_gains=false",
+        "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=L", "init=uniform", "embed_dtype=bf16",
+        # optimizer: AdamW at the kit's rates × 1.4142 (embeddings 0.3, head 0.006, scalars 0.2 before it)
+        "optim=muon", "weight_decay=0.02", "embed_lr=0.4243", "head_lr=0.008485", "scalar_lr=0.2828",
+        "resid_lr_scale=0.01", "x0_beta1=0.96", "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10",
+        "grad_clip=0",
+        # muon: 0.025 × 2.0
+        "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "muon_lr=0.05", "muon_momentum_start=0.85",
+        "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true",
+        # lr_schedule: 20 warm-up steps, the batch warm-up, a linear cooldown over the last 70% to 0.05
+        "schedule=wsd", "warmup_frac=0", "warmup_steps=20", "cooldown_frac=0.7", "final_lr_frac=0.05",
+        "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6",
+        # objective: the next three tokens, faded to the next one by 45% of the run
+        "mtp_weights=1,0.5,0.25", "mtp_fade=0.2,0.45", "mtp_stages=4",
+        # execution: the NKI attention kernel takes heads of 64 or 128; heads of 256 run PyTorch's
+        "kernels=attention=torch"],
 }
 
 # shapes a recipe derives from the preset's width, unless `--set` names them (the kit: heads of 128, an MLP of 4·d)
 RECIPE_SHAPES: dict[str, callable] = {
     "kit": lambda m: dict(d_head=128, n_heads=max(1, m.d_model // 128), d_mlp=4 * m.d_model),
+    "trn2": lambda m: _trn2_shape(m),
 }
 
-BASE_RECIPES = ("baseline", "frontier", "kit")   # a run has one of these; others (kit-eval) modify it
+def _trn2_shape(m: ModelConfig) -> dict:
+    """K82s4's layout at any depth and width: 4 query heads (where d_model/4 is a head width the model takes) on one K/V
+    head, an MLP of 4·d, value embeddings into the first and last blocks, and the last third of the blocks reading the
+    attention source of the block before them (at 9 blocks: 0,8 and '5:6,7,8')."""
+    L, third = m.n_layers, max(1, m.n_layers // 3)
+    heads = dict(n_heads=4, d_head=m.d_model // 4) if m.d_model // 4 in (64, 128, 256) else {}
+    reuse = dict(attn_source=f"{L - third - 1}:{','.join(map(str, range(L - third, L)))}") if L > third + 1 else {}
+    return dict(**heads, n_kv_heads=1, d_mlp=4 * m.d_model, ve_layers=f"0,{L - 1}", **reuse)
+
+BASE_RECIPES = ("baseline", "frontier", "kit", "trn2")   # a run has one of these; others (kit-eval) modify it
 # the base recipe a preset trains with when a run names none: the best one measured for it (notebook 60_recipe)
-DEFAULT_RECIPE: dict[str, str] = {"dense-124m": "kit", "cpu-tiny": "kit"}
+DEFAULT_RECIPE: dict[str, str] = {"dense-124m": "kit", "cpu-tiny": "kit", "trn2-124m": "trn2"}
 
 def recipe_names(config: str, recipe: str | None = None) -> list[str]:
     "The recipes a run of `config` applies, in order: the named ones (comma-separated) after the preset's default base."
@@ -648,6 +697,7 @@ def config_dict(m: ModelConfig, t: TrainConfig) -> dict:
 
 # %% ../nbs/01_config.ipynb #d88e1111
 KIT_SOURCE = "kit: karpathy/autoresearch train.py, tuned at d_model 768 by its authors"
+FF = "FrontierForge K82s4, official 0.9614"   # CHIP_EVIDENCE 5: marker2601/trainium-simulator
 
 # the source of each TrainConfig field's default value
 FIELD_SOURCES: dict[str, str] = {
@@ -722,22 +772,81 @@ PRESET_SOURCES: dict[str, dict[str, str]] = {
         "embed_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
         "head_lr": "measured here: the sweep's best on cpu-tiny (60_recipe, screening sweeps)",
     },
+    "trn2-124m": {
+        "batch_size": f"{FF}: 8 rows of 1,024 a rank (MB 8); the export's memory plan checks it fits (93_rehearsal)",
+        "global_batch_tokens": f"{FF}: 262,144 tokens = 8 ranks x 8 rows x 1,024 x 4 micro-batches; static 393k / 524k "
+                               "batches lost 0.0014 / 0.0032 on the chip (FF FINDINGS)",
+        "eval_seq_len": "rules as inferred: the scorer's context is 1,024 (CHIP_EVIDENCE 1, PD)",
+    },
+}
+
+# the model settings a preset fixes, and why
+MODEL_PRESET_SOURCES: dict[str, dict[str, str]] = {
+    "trn2-124m": {
+        "d_model": f"{FF}: width 1,024",
+        "n_layers": f"{FF}: 9 blocks; depth 10 lost 0.0038 / 0.0043, depth 8 0.0050 / ~0.003 on the chip (FF FINDINGS, "
+                    "2 pairs each)",
+        "n_heads": f"{FF}: 4 query heads", "d_head": f"{FF}: heads of 256",
+        "n_kv_heads": f"{FF}: 1 K/V head; 2 K/V heads lost 0.0057 on the chip (FF FINDINGS)",
+        "d_mlp": f"{FF}: MLP 4x", "seq_len": f"{FF}: rows of 1,024, the scorer's context",
+    },
 }
 
 # notes on a recipe's values beyond "the recipe's value"
 _TRANSFER = ("; best at d_model 256 and 384 in the transfer sweep (60_recipe), whose rule would put it 1.4-4x lower "
              "at 768: an extrapolation, not adopted")
+_K82 = f"{FF} (CHIP_EVIDENCE 5; no separate chip measurement published)"
 RECIPE_SOURCES: dict[str, dict[str, str]] = {
     "kit": {k: KIT_SOURCE + _TRANSFER for k in ("embed_lr", "head_lr", "muon_lr")},
+    "trn2": {
+        **{k: _K82 for k in ("rope_base", "softcap", "layer_scalars", "norm_gains", "embed_norm", "qk_norm", "init",
+                             "embed_dtype", "optim", "resid_lr_scale", "x0_beta1", "lr_width_scale", "adam_eps",
+                             "grad_clip", "ns_coeffs", "normuon", "cautious_wd", "muon_momentum_start", "muon_momentum",
+                             "schedule", "warmup_frac", "mtp_stages", "mlp", "value_embeds")},
+        "mlp_leak": f"{FF}: LeakyReLU(0.35)^2 -0.0017 on the chip (chip C raw -0.00105; official -0.0015; FF log)",
+        "ve_shared": f"{FF}: one table into blocks 0 and 8 (recipes/K82s4/train.py)",
+        "ve_mix": f"{FF}: a·v + b·ve; a 96-parameter VE gate cost +7.65% step time on the chip "
+                  "(FF steptime-validation, 1 pair)",
+        "ve_layers": f"{FF}: the first and last blocks (0 and 8 of 9)",
+        "attn_source": f"{FF}: blocks 6-8 read block 5's; mean -0.0015 over 4 chip pairs (3 seeds, 2 chips), a 5th "
+                       "pair +0.00115; cost < 0.1% (FF FINDINGS)",
+        "key_offset": f"{FF}: radius 0.3 rad, -0.0013 (FF log), no measurable cost (FF first-principles note)",
+        "window_pattern": f"{FF}: no sliding window in the recipe (CHIP_EVIDENCE 5)",
+        "n_kv_heads": f"{FF}: 1 K/V head; 2 lost 0.0057 on the chip (FF FINDINGS)",
+        "n_heads": f"{FF}: 4 query heads", "d_head": f"{FF}: d_model / 4 (256 at 1,024)", "d_mlp": f"{FF}: 4 x d_model",
+        "weight_decay": f"{FF}: 0.02, cautious, on Muon's matrices only",
+        "embed_lr": f"{FF}: 0.3 x AdamW scale 1.4142 (then x (d/768)^-0.5 with lr_width_scale)",
+        "head_lr": f"{FF}: 0.006 x 1.4142 (then x (d/768)^-0.5)", "scalar_lr": f"{FF}: 0.2 x 1.4142",
+        "beta1": f"kit's 0.8; {FF} uses (0.8, 0.995) for embeddings, (0.8, 0.96) head, (0.9, 0.95) scalars: not built",
+        "beta2": "kit's 0.95 (see beta1)",
+        "muon_lr": f"{FF}: 0.025 x LR scale 2.0",
+        "muon_momentum_steps": f"{FF}: 0.85 -> 0.95 over 300 steps (theirs counted in full-batch equivalents)",
+        "muon_ema": f"{FF}: Nesterov in the lerp form, as the kit",
+        "warmup_steps": f"{FF}: 20 warm-up steps at the full batch",
+        "cooldown_frac": f"{FF}: linear over the last 70%; with the batch warm-up's x0.35 / x0.6: -0.0006 "
+                         "step-normalised, 3 chip pairs all negative (FF FINDINGS)",
+        "final_lr_frac": f"{FF}: a floor of 0.05 (theirs a 19-level staircase; linear here)",
+        "batch_warmup": f"{FF}: 65k -> 131k -> 262k tokens at 6% / 20% of the charged time, LR x0.35 / x0.6: -0.0019 "
+                        "(FF log)",
+        "mtp_weights": f"{FF}: next 3 tokens 1 / 0.5 / 0.25 from one head, faded: -0.0043 (FF campaign log, n "
+                       "unstated)",
+        "mtp_fade": f"{FF}: w3 fades over [0, 0.2), w2 over [0.2, 0.45) of the charged time (recipes/K82s4/train.py)",
+        "kernels": "ours: the NKI attention kernel takes d_head 64 or 128 (14_kernel_attention); heads of 256 run "
+                   "PyTorch's attention, every other op auto",
+    },
 }
 
-def setting_sources(config: str, recipe: str | None = None, sets=()) -> list[tuple[str, object, str]]:
-    "(field, value, source) of each `TrainConfig` field: from `--set`, else the last recipe, the preset, the default."
-    _, t = resolve(config, recipe, sets)
+def setting_sources(config: str, recipe: str | None = None, sets=(),
+                    model: bool = False) -> list[tuple[str, object, str]]:
+    """(field, value, source) of each `TrainConfig` field (`model`: each `ModelConfig` field): from `--set`, else the
+    last recipe, the preset, the default."""
+    m, t = resolve(config, recipe, sets)
     named = {s.split("=", 1)[0].strip() for s in sets or ()}
     by_recipe = {}
     for r in recipe_names(config, recipe):
         for kv in RECIPES[r]: by_recipe[kv.split("=", 1)[0].strip()] = r
+        for k in RECIPE_SHAPES[r](CONFIGS[config]) if r in RECIPE_SHAPES else (): by_recipe[k] = r
+    if model: return _model_sources(config, m, named, by_recipe)
     base, preset = TrainConfig(), TRAIN_DEFAULTS[config]
     rows = []
     for k in setting_fields(TrainConfig):
@@ -749,4 +858,18 @@ def setting_sources(config: str, recipe: str | None = None, sets=()) -> list[tup
             src = PRESET_SOURCES.get(config, {}).get(k, f"preset {config} (no source recorded)")
         else: src = FIELD_SOURCES[k]
         rows.append((k, getattr(t, k), src))
+    return rows
+
+def _model_sources(config: str, m: ModelConfig, named: set, by_recipe: dict) -> list[tuple[str, object, str]]:
+    "(field, value, source) of each `ModelConfig` field, in the order `setting_sources` decides them."
+    base, preset, rows = ModelConfig(), CONFIGS[config], []
+    for k in setting_fields(ModelConfig):
+        if k in named: src = "yours: --set"
+        elif k in by_recipe:
+            r = by_recipe[k]
+            src = RECIPE_SOURCES.get(r, {}).get(k) or (KIT_SOURCE if r == "kit" else f"recipe {r}")
+        elif k in MODEL_PRESET_SOURCES.get(config, {}): src = MODEL_PRESET_SOURCES[config][k]
+        elif getattr(preset, k) != getattr(base, k): src = f"preset {config}"
+        else: src = "the package's default (01_config)"
+        rows.append((k, getattr(m, k), src))
     return rows

@@ -44,9 +44,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def slow_pairs_from(d_head: int, base: float, seq_len: int, radius: float) -> int:
     """The first rotary pair whose angle stays under `radius` radians over a row of `seq_len` positions: pairs from it
     to d_head/2 − 1 (the frequencies fall with the pair index) are the slow ones; d_head/2 when none is."""
-    inv = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
-    slow = (inv * (seq_len - 1) < radius).nonzero()
-    return int(slow[0]) if len(slow) else d_head // 2
+    # plain Python: the model is also built on FakeTensors (the rehearsal's memory trace), where nonzero has no value
+    return next((i for i in range(d_head // 2) if base ** (-2 * i / d_head) * (seq_len - 1) < radius), d_head // 2)
 
 # %% ../nbs/06_model.ipynb #725616d5
 def offset_keys(k: torch.Tensor, first: int) -> torch.Tensor:
@@ -70,7 +69,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
-        self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve else None
+        self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve and cfg.ve_mix == "gate" else None
+        self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if ve and cfg.ve_mix == "scalars" else None   # (a, b)
         self.window = window   # keys before the query it may see (None: the whole context)
         # key_offset: the slow rotary pairs (fixed by the training length, whatever length a call has)
         self.slow_from = (slow_pairs_from(cfg.d_head, cfg.rope_base, cfg.seq_len, cfg.key_offset)
@@ -86,7 +86,8 @@ class Attention(nn.Module):
         if self.slow_from is not None: k = offset_keys(k, self.slow_from)
         if self.n_kv_heads < self.n_heads:   # GQA: each K/V head serves n_heads/n_kv_heads neighbouring query heads
             k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2) for t in (k, v))
-        if ve is not None:  # value embedding (one slice per query head), scaled per head by 2·sigmoid(gate), 1 at init
+        if ve is not None and self.ve_mix is not None: v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view_as(v)
+        elif ve is not None:  # value embedding (a slice per query head), scaled per head by 2·sigmoid(gate), 1 at init
             v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
         y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))   # y: [B, H, T, D]
@@ -140,8 +141,9 @@ class GPT(nn.Module):
         self.norm_e = RMSNorm(cfg.d_model, cfg.norm_eps, gain=False) if cfg.embed_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
+        tables = sorted({cfg.ve_table_of(i) for i in range(cfg.n_layers)} - {None})   # one, with ve_shared
         self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(cfg.padded_vocab, cfg.d_attn, dtype=table_dtype)
-                                           for i in range(cfg.n_layers) if cfg.has_ve(i)})
+                                           for i in tables})
         if cfg.layer_scalars:
             self.resid_lambdas, self.x0_lambdas = (
                 nn.Parameter(torch.ones(cfg.n_layers)),
@@ -165,6 +167,7 @@ class GPT(nn.Module):
                 if name.endswith(("wo.weight", "w_down.weight", "w_down")):
                     nn.init.zeros_(p)  # blocks start as the identity
             if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
+            if b.attn.ve_mix is not None: nn.init.constant_(b.attn.ve_mix, 0.5)   # half v, half the table
         for e in self.value_embeds.values(): draw(e.weight, self.cfg.d_model ** -0.5)
         if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
@@ -221,9 +224,13 @@ class GPT(nn.Module):
             x = self._table_rows(self.wte, idx)
             x = x0 = self.norm_e(x) if self.norm_e is not None else x
             sources, kept = self.cfg.attn_sources(), {}   # attention-source reuse: reader -> source block; outputs
+            ve_rows = {}   # value-embedding rows by table
             for i, b in enumerate(self.blocks):
                 if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-                ve = self._table_rows(self.value_embeds[str(i)], idx) if str(i) in self.value_embeds else None
+                table = self.cfg.ve_table_of(i)   # a shared table is looked up once a forward
+                if table is not None and table not in ve_rows:
+                    ve_rows[table] = self._table_rows(self.value_embeds[str(table)], idx)
+                ve = ve_rows.get(table)
                 x = b(x, cos, sin, ve, kept.get(sources.get(i)))
                 if i in sources.values(): kept[i] = x
             return self.norm_f(x)

@@ -402,6 +402,6 @@ def muon_shapes(cfg) -> list[tuple[int, int]]:
             )
             ffn = cfg.n_experts * [(cfg.d_expert, d), (cfg.d_expert, d), (d, cfg.d_expert)] + shared
         else: ffn = mlp(cfg.d_mlp)
-        gate = [(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) else []
+        gate = [(cfg.n_heads, cfg.ve_gate_channels)] if cfg.has_ve(i) and cfg.ve_mix == "gate" else []
         out += [(a, d), (kv, d), (kv, d), (d, a)] + ffn + gate
     return out

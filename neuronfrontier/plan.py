@@ -108,7 +108,7 @@ def memory_per_rank(m, rows: int, world: int) -> dict:
     sequences of m.seq_len a micro-batch, everything sharded over the ranks as FSDP2 does (`world` 1: no sharding)."""
     V, d, L = m.padded_vocab, m.d_model, m.n_layers
     table_bytes = 2 if m.embed_dtype == "bf16" else 4
-    tables = V * (d + sum(m.has_ve(i) for i in range(L)) * m.d_attn)
+    tables = V * (d + m.n_ve_tables * m.d_attn)
     shapes = muon_shapes(m)
     matrices = sum(a * b for a, b in shapes)
     adamw = m.n_params() - tables - matrices                      # the head, norms, scalars: fp32

@@ -75,9 +75,9 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
         batches = iter(lambda: tokens(tcfg.batch_size, mcfg.seq_len), None)   # endless: grad_accum micro-batches a step
         mt = MemTracker()
         mt.track_external(model, *opts)
-        def loss_fn(x, y):   # MemTracker keeps per-module statistics of one forward; the peak it keeps across them
+        def loss_fn(x, y, **kw):   # MemTracker keeps per-module statistics of one forward; the peak across them
             mt.reset_mod_stats()
-            return model.loss(x, y)
+            return model.loss(x, y, **kw)   # kw: the multi-token weights, where the recipe sets them
         par = ns.DataParallel(world)
         with mt:
             for _ in range(steps): ns.train_step(model, opts, batches, tcfg, 0.5, dev, loss_fn=loss_fn, parallel=par)
@@ -247,7 +247,10 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     mcfg, tcfg = _on_chip(train, train.SETS, nproc)   # one of `nproc` ranks' rows, fixed by the global batch
     rows = tcfg.batch_size * tcfg.grad_accum
     tried = []
-    for b in [b for b in range(rows, 0, -1) if rows % b == 0]:
+    # a batch warm-up takes a share of the step's micro-batches: each share must be a whole number of them
+    shares = [float(p.split(":")[1]) for p in str(tcfg.batch_warmup).split(",") if p.strip()]
+    whole = lambda b: all(abs(rows // b * s - round(rows // b * s)) < 1e-9 for s in shares)
+    for b in [b for b in range(rows, 0, -1) if rows % b == 0 and whole(b)]:
         sets = [*train.SETS, f"batch_size={b}", f"grad_accum={rows // b}"]
         m, t = _on_chip(train, sets, nproc)
         peak = {}

@@ -199,3 +199,24 @@ def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     assert step(0.2, 9) == (4, 1.0)
     with pytest.raises(ValueError, match="batch_warmup='0.2:0.5': use 'until:share:lr"):
         resolve("cpu-micro", "kit", ["batch_warmup=0.2:0.5"])
+
+
+def test_shared_value_embedding_table_mixed_by_two_scalars():
+    "ve_shared: one table for layers 0 and 2; ve_mix='scalars': v ← a·v + b·ve with a = b = 0.5 at init, no gate."
+    m, _ = resolve("cpu-micro", "kit", ["n_layers=3", "ve_layers=0,2", "ve_shared=true", "ve_mix=scalars"])
+    g = GPT(m)
+    assert list(g.value_embeds) == ["0"] and m.n_ve_tables == 1
+    a = g.blocks[2].attn
+    assert a.ve_gate is None and a.ve_mix.tolist() == [0.5, 0.5] and g.blocks[1].attn.ve_mix is None
+    assert m.n_params() == sum(p.numel() for p in g.parameters())
+    x = torch.randn(2, 8, m.d_model)
+    ve = torch.randn(2, 8, m.d_attn)
+    cos, sin = g.rope(8, "cpu")
+    with torch.no_grad():
+        a.ve_mix.copy_(torch.tensor([0.3, 2.0]))
+        got = a(x, cos, sin, ve)
+        a.wv.weight.mul_(0.3)
+        want = a(x, cos, sin, None) + a.wo((2.0 * ve).view(2, 8, -1))   # attention is linear in v; causal rows sum to 1
+    torch.testing.assert_close(got[:, :1], want[:, :1], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="ve_mix='sum' is unknown"):
+        resolve("cpu-micro", "kit", ["ve_mix=sum"])
