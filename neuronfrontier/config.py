@@ -287,6 +287,9 @@ class BatchSettings:
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
     data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
                                   # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
+    row_pool: int = 0           # micro-batches whose rows are shuffled together, without replacement (0: stream order)
+    row_pool_from: int = 0      # the first micro-batch that comes through the pool (those before it: stream order)
+    row_pool_salt: int = 0      # seeds each pool's order, with the pool's index (and the rank with 'rank' sharding)
 
 # %% ../nbs/01_config.ipynb #4c8255ad
 @dataclass
@@ -414,6 +417,8 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
     if t.data_sharding not in _SHARDINGS:
         raise ValueError(f"data_sharding={t.data_sharding!r} is unknown; use one of {', '.join(_SHARDINGS)}")
+    for k in ("row_pool", "row_pool_from", "row_pool_salt"):
+        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0 (row_pool=0: rows in stream order)")
     for k in ("preflight_frac", "compile_frac"):
         if not 0 < getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in (0, 1]")
     if t.snapshot_every < 0: raise ValueError(f"snapshot_every={t.snapshot_every} must be >= 0 (0: no snapshots)")
@@ -634,6 +639,10 @@ FIELD_SOURCES: dict[str, str] = {
     "ep": "runtime: expert parallelism (MoE only)",
     "fsdp": "runtime: FSDP2 sharding over the ranks (27_distributed); the same training maths as data parallel",
     "data_sharding": "measured here: each rank packs its own rows, 0.123x the host CPU (benchmarks/loader.py)",
+    "row_pool": "off: rows in stream order; chip evidence for 256: -0.0023 bpb on one chip pair (FrontierForge K82s4, "
+                "29_batches), not measured here",
+    "row_pool_from": "FrontierForge K82s4 pools from micro-batch 96; inert while row_pool=0",
+    "row_pool_salt": "choice: any fixed salt gives one order (K82s4: 4); inert while row_pool=0",
     "preflight": "measured here: a kernel only if it runs, matches and is not slower (25_resilience)",
     "preflight_frac": "choice: at most 5% of the budget for the preflight",
     "compile_frac": "choice: at most 25% of the budget for compilation",
