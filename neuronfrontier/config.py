@@ -328,6 +328,9 @@ class BatchSettings:
     prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
     data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
                                   # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
+    row_pool: int = 0           # micro-batches whose rows are shuffled together, without replacement (0: stream order)
+    row_pool_from: int = 0      # the first micro-batch that comes through the pool (those before it: stream order)
+    row_pool_salt: int = 0      # seeds each pool's order, with the pool's index (and the rank with 'rank' sharding)
 
 # %% ../nbs/01_config.ipynb #4c8255ad
 @dataclass
@@ -470,6 +473,8 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
     if t.data_sharding not in _SHARDINGS:
         raise ValueError(f"data_sharding={t.data_sharding!r} is unknown; use one of {', '.join(_SHARDINGS)}")
+    for k in ("row_pool", "row_pool_from", "row_pool_salt"):
+        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0 (row_pool=0: rows in stream order)")
     for k in ("preflight_frac", "compile_frac"):
         if not 0 < getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in (0, 1]")
     if t.snapshot_every < 0: raise ValueError(f"snapshot_every={t.snapshot_every} must be >= 0 (0: no snapshots)")
@@ -635,6 +640,8 @@ RECIPES: dict[str, list[str]] = {
         # lr_schedule: 20 warm-up steps, the batch warm-up, a linear cooldown over the last 70% to 0.05
         "schedule=wsd", "warmup_frac=0", "warmup_steps=20", "cooldown_frac=0.7", "final_lr_frac=0.05",
         "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6",
+        # batch: from micro-batch 96 on, rows drawn without replacement from pools of 256 micro-batches, salt 4
+        "row_pool=256", "row_pool_from=96", "row_pool_salt=4",
         # objective: the next three tokens, faded to the next one by 45% of the run
         "mtp_weights=1,0.5,0.25", "mtp_fade=0.2,0.45", "mtp_stages=4",
         # execution: the NKI attention kernel takes heads of 64 or 128; heads of 256 run PyTorch's
@@ -750,6 +757,10 @@ FIELD_SOURCES: dict[str, str] = {
     "ep": "runtime: expert parallelism (MoE only)",
     "fsdp": "runtime: FSDP2 sharding over the ranks (27_distributed); the same training maths as data parallel",
     "data_sharding": "measured here: each rank packs its own rows, 0.123x the host CPU (benchmarks/loader.py)",
+    "row_pool": "off: rows in stream order; chip evidence for 256: -0.0023 bpb on one chip pair (FrontierForge K82s4, "
+                "29_batches), not measured here",
+    "row_pool_from": "FrontierForge K82s4 pools from micro-batch 96; inert while row_pool=0",
+    "row_pool_salt": "choice: any fixed salt gives one order (K82s4: 4); inert while row_pool=0",
     "preflight": "measured here: a kernel only if it runs, matches and is not slower (25_resilience)",
     "preflight_frac": "choice: at most 5% of the budget for the preflight",
     "compile_frac": "choice: at most 25% of the budget for compilation",
@@ -831,6 +842,10 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
         "mtp_weights": f"{FF}: next 3 tokens 1 / 0.5 / 0.25 from one head, faded: -0.0043 (FF campaign log, n "
                        "unstated)",
         "mtp_fade": f"{FF}: w3 fades over [0, 0.2), w2 over [0.2, 0.45) of the charged time (recipes/K82s4/train.py)",
+        "row_pool": f"{FF}: 256 micro-batches, -0.0023 (one chip pair; official -0.0022); 1,024 equal, 64 smaller; "
+                    "theirs a rolling buffer refilled a micro-batch at a time, ours whole pools (29_batches)",
+        "row_pool_from": f"{FF}: from micro-batch 96 (recipes/K82s4/train.py)",
+        "row_pool_salt": f"{FF}: salt 4 (K82s7, salt 7, scored 0.9613955 vs 0.9613617: salt sd ~0.0003)",
         "kernels": "ours: the NKI attention kernel takes d_head 64 or 128 (14_kernel_attention); heads of 256 run "
                    "PyTorch's attention, every other op auto",
     },

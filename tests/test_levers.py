@@ -188,7 +188,7 @@ def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     it = batches()
     def step(frac, i):
         taken.clear()
-        train_step(g, opts, it, t, frac, "cpu", step=i)
+        train_step(g, opts, it, t, frac, torch.device("cpu"), step=i)
         lr = opts[0].param_groups[0]["lr"] / opts[0].param_groups[0]["initial_lr"]
         return len(taken), round(lr / lr_multiplier(frac, t), 6)
     assert step(0.0, 0) == (4, 0.5)        # warm-up step 1 of 2: whole batch, (0+1)/2 of the rate
