@@ -66,6 +66,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'neuronfrontier.bundler.lint_bundled': ('bundler.html#lint_bundled', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler.provenance': ('bundler.html#provenance', 'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler.scan_imports': ('bundler.html#scan_imports', 'neuronfrontier/bundler.py'),
+                                        'neuronfrontier.bundler.strip_docstrings': ( 'bundler.html#strip_docstrings',
+                                                                                     'neuronfrontier/bundler.py'),
                                         'neuronfrontier.bundler.unresolved_names': ( 'bundler.html#unresolved_names',
                                                                                      'neuronfrontier/bundler.py')},
             'neuronfrontier.checkpoint': { 'neuronfrontier.checkpoint._atomic_save': ( 'checkpoint.html#_atomic_save',

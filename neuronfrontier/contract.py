@@ -8,7 +8,7 @@ import ast, inspect, json, os, re, shlex, subprocess, sys, tempfile
 from pathlib import Path
 from .config import first_line
 from .submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR, KIT_MODULE, ALLOWED_NPROC, ALLOWED_LNC
-from .bundler import scan_imports
+from .bundler import scan_imports, PORTAL_FILE_BYTES
 
 # %% auto #0
 __all__ = ['CHECK_TOL', 'NA', 'EXPORT_MARK', 'KIT_RUN_BUDGET_S', 'KIT_RUN_EVAL_TOKENS', 'KIT_RUN_TIMEOUT_S',
@@ -447,7 +447,7 @@ def check(sub_dir, checkpoint=None, data=None, tokenizer=None, device: str = "cp
     return sorted(rows, key=lambda r: CHECKS.index(r[0]))
 
 # %% ../nbs/97_contract.ipynb #8b973aa1
-MAX_FILE_BYTES = 262_144   # one team reports the portal refused a file of this size or more (unpublished limit)
+MAX_FILE_BYTES = PORTAL_FILE_BYTES   # one team reports the portal refused a file of this size or more
 CHECKS = ("imports", "size", "launch", "kit run", "rehearsal", "load_for_eval", "eval model", "no hooks", "finite",
           "causal", "batch independent", "no collectives")
 
