@@ -425,6 +425,10 @@ class ResilienceSettings:
     max_rollbacks: int = 3        # rollbacks to the last finite state before the run stops with it
     rollback_lr_factor: float = 0.5  # learning rate multiplied by this at each rollback
     explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
+    spike_guard_steps: int = 0    # > 0: the warm-up runs the first steps and re-draws the initialisation while they
+                                  # take the spike path (29_spikes); 0 = off
+    spike_guard_rise: float = 0.2 # ... a loss after step 3 this many nats above the lowest before it
+    spike_guard_tries: int = 2    # ... at most this many re-draws
 
 # %% ../nbs/01_config.ipynb #2d34b42a
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
@@ -482,6 +486,10 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if not 0 < t.rollback_lr_factor <= 1:
         raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
     if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
+    for k in ("spike_guard_steps", "spike_guard_tries"):
+        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0")
+    if 0 < t.spike_guard_steps < 6:
+        raise ValueError(f"spike_guard_steps={t.spike_guard_steps}: the criterion reads steps after 3; use 6 or more")
     if t.global_batch_tokens < 0:
         raise ValueError(f"global_batch_tokens={t.global_batch_tokens} must be >= 0 "
                          "(0: batch_size x grad_accum rows per rank)")
@@ -768,6 +776,10 @@ FIELD_SOURCES: dict[str, str] = {
     "max_rollbacks": "choice: rollbacks before the run stops with its last finite weights",
     "rollback_lr_factor": "choice: halve the rate at each rollback",
     "explode_factor": "choice: a logged loss 1.5x the best rolls back",
+    "spike_guard_steps": "off: the criterion is calibrated on one recipe's chip logs, the published costs disagree "
+                         "(+0.003..0.0045 vs +0.0012 pooled), CPU runs only show false alarms (29_spikes)",
+    "spike_guard_rise": "half FrontierForge's +0.7 nats over steps 5-10, per unit of multi-token weight (29_spikes)",
+    "spike_guard_tries": "choice: two re-draws at most",
 }
 
 # settings a preset fixes itself, and why

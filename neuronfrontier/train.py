@@ -22,6 +22,7 @@ from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP
 from .distributed import init_distributed, agree_max, DataParallel, parallelize
 from .batches import Prefetcher, _training_rows
 from .phases import batch_phase, mtp_weights_at
+from .spikes import guard_initialisation
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
 from .precision import Precision, choose_precision, TORCH_DTYPES
@@ -372,7 +373,27 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
         step()
         warm_ns.append(time.perf_counter_ns() - t0)
     run.snapshot.restore(model, opts)
+    if tcfg.spike_guard_steps: run.state["spike_guard"] = _guard_init(run)
     return warm_ns
+
+# %% ../nbs/30_train.ipynb #cecfeaf2
+def _guard_init(run: Run) -> list[dict]:
+    "The warm-up coin flip (29_spikes): the run's own first steps from each initialisation, re-drawn while they spike."
+    model, opts, tcfg = run.model, run.opts, run.tcfg
+    def trial():
+        rows = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world,
+                              run.spec.seed)[1]   # the rows the run starts on, from a loader of its own
+        losses = torch.stack([train_step(model, opts, rows, tcfg, 0.0, run.dev, run.loss_fn, run.parallel, step=i)
+                              for i in range(tcfg.spike_guard_steps)])
+        if run.world > 1: dist.all_reduce(losses)   # every rank decides on the same (summed) losses
+        run.snapshot.restore(model, opts)
+        return (losses / run.world).tolist()
+    def redraw(k):
+        torch.manual_seed(run.spec.seed + 7919 * k)   # the same on every rank
+        model.reset_parameters()
+        run.snapshot.take(model, opts, run.state["step"])
+        run.say(f"warm-up spike path: initialisation {k} drawn")
+    return guard_initialisation(trial, redraw, tcfg.spike_guard_rise, tcfg.spike_guard_tries)
 
 # %% ../nbs/30_train.ipynb #c4ef4be3
 def _stop_signals():
@@ -614,7 +635,8 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
     res = {
         # what was trained, and how it ended
         "status": status, "steps": state["step"], "tokens": state["tokens"], "final_train_loss": last_loss,
-        "diverged_because": why or None, "rollbacks": run.rollbacks, "snapshots": run.snapshot.report(),
+        "diverged_because": why or None, "rollbacks": run.rollbacks, "spike_guard": run.state.get("spike_guard"),
+        "snapshots": run.snapshot.report(),
         # the clock (competition: startup_s runs to step 5's end)
         "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
         "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,

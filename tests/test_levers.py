@@ -220,3 +220,19 @@ def test_shared_value_embedding_table_mixed_by_two_scalars():
     torch.testing.assert_close(got[:, :1], want[:, :1], rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="ve_mix='sum' is unknown"):
         resolve("cpu-micro", "kit", ["ve_mix=sum"])
+
+
+def test_the_spike_guard_redraws_the_initialisation_while_the_criterion_fires(tmp_path):
+    "spike_guard_rise below any change fires every trial: 1 + tries records, each re-draw a new initialisation."
+    import json, subprocess, sys
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "neuronfrontier.cli", "train", "--config", "cpu-micro", "--steps", "1",
+                        "--device", "cpu", "--out", str(out), "--quiet", "--set", "spike_guard_steps=6",
+                        "--set", "spike_guard_rise=-100", "--set", "spike_guard_tries=1", "--set", "seq_len=128",
+                        "--set", "eval_seq_len=128", "--set", "eval_tokens=1024"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    guard = json.loads((out / "result.json").read_text())["spike_guard"]
+    assert [g["init"] for g in guard] == [0, 1] and all(g["spiked"] and len(g["losses"]) == 6 for g in guard)
+    assert guard[0]["losses"][0] != guard[1]["losses"][0]   # another initialisation, the same first rows
+    with pytest.raises(ValueError, match="spike_guard_steps=3: the criterion reads steps after 3"):
+        resolve("cpu-micro", "kit", ["spike_guard_steps=3"])
