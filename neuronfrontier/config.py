@@ -12,9 +12,9 @@ __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_
            'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'KIT_SOURCE', 'FIELD_SOURCES', 'PRESET_SOURCES',
            'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups', 'ShapeSettings', 'ArchSettings',
            'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings', 'MuonSettings', 'ScheduleSettings',
-           'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train',
-           'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
-           'setting_sources']
+           'ExecutionSettings', 'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'AveragingSettings',
+           'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags',
+           'recipe_names', 'resolve', 'config_dict', 'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -302,6 +302,7 @@ class OptimizerSettings:
     beta2: float = 0.95         # AdamW's second-moment decay
     adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
     resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
+    mlp_out_lr_scale: float = 1.0  # the MLPs' output projections (w_down, experts' too): the block rate × this
     x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
     weight_decay: float = 0.0   # decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')
     grad_clip: float = 1.0      # 0 disables
@@ -370,8 +371,17 @@ class ResilienceSettings:
     explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
 
 # %% ../nbs/01_config.ipynb #2d34b42a
+@dataclass
+class AveragingSettings:
+    "An average of the weights along the run, blended into the weights that are saved and scored (29_averaging)."
+    ema_every: int = 0            # steps between updates of the exponential moving average (EMA; 0: none)
+    ema_decay: float = 0.99       # the EMA's decay per step: an update every k steps decays it by ema_decay^k
+    ema_blend: float = 0.6        # the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights
+
+# %% ../nbs/01_config.ipynb #31e28ea0
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
-         execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings, resilience=ResilienceSettings)
+         execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings, resilience=ResilienceSettings,
+         averaging=AveragingSettings)
 @dataclass(init=False)
 class TrainConfig:
     "Optimisation and run settings, by concern; every setting can be overridden by its name with `--set key=value`."
@@ -383,8 +393,9 @@ class TrainConfig:
     clock: ClockSettings = field(default_factory=ClockSettings)
     evaluation: EvalSettings = field(default_factory=EvalSettings)
     resilience: ResilienceSettings = field(default_factory=ResilienceSettings)
+    averaging: AveragingSettings = field(default_factory=AveragingSettings)
 
-# %% ../nbs/01_config.ipynb #25bbe938
+# %% ../nbs/01_config.ipynb #039b7f78
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
 _SHARDINGS = ("rank", "global")
@@ -428,6 +439,13 @@ def validate_train(t: TrainConfig) -> TrainConfig:
         raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
     if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
     if t.resid_lr_scale < 0: raise ValueError(f"resid_lr_scale={t.resid_lr_scale} must be >= 0")
+    if not t.mlp_out_lr_scale > 0: raise ValueError(f"mlp_out_lr_scale={t.mlp_out_lr_scale} must be > 0 (1: off)")
+    if t.ema_every < 0: raise ValueError(f"ema_every={t.ema_every} must be >= 0 (0: no weight average)")
+    if not 0 < t.ema_decay < 1: raise ValueError(f"ema_decay={t.ema_decay} must lie in (0, 1)")
+    if not 0 <= t.ema_blend <= 1: raise ValueError(f"ema_blend={t.ema_blend} must lie in [0, 1]")
+    if t.ema_every and (t.fsdp or t.ep > 1):   # the average is of whole weights: each rank's must be the same
+        raise ValueError(f"ema_every={t.ema_every} averages replicated weights: not with "
+                         f"{'fsdp' if t.fsdp else f'ep={t.ep}'} (sharded weights) yet")
     if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
         raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
     return t
@@ -641,6 +659,12 @@ FIELD_SOURCES: dict[str, str] = {
     "max_rollbacks": "choice: rollbacks before the run stops with its last finite weights",
     "rollback_lr_factor": "choice: halve the rate at each rollback",
     "explode_factor": "choice: a logged loss 1.5x the best rolls back",
+    "mlp_out_lr_scale": "1: off; chip evidence: FrontierForge K82s4 trains w_down at 0.8x, ~-0.0004 bpb in one seed "
+                        "pair, and 0.7x flipped the sign (CHIP_EVIDENCE 4, 5)",
+    "ema_every": "0: off; chip evidence: FrontierForge K82s4 updates every 32 steps, +0.45% step time, with the blend "
+                 "~-0.0005 bpb on the chip and -0.0003 official in one pair (CHIP_EVIDENCE 3, 4, 5)",
+    "ema_decay": "FrontierForge K82s4's 0.99 a step, 0.99^32 per update (recipes/K82s4/train.py, EMA_DECAY)",
+    "ema_blend": "FrontierForge K82s4's 0.6 (CHIP_EVIDENCE 4, 5)",
 }
 
 # settings a preset fixes itself, and why
