@@ -13,8 +13,9 @@ __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_
            'MODEL_PRESET_SOURCES', 'RECIPE_SOURCES', 'pad_to', 'grouped', 'setting_fields', 'setting_groups',
            'ShapeSettings', 'ArchSettings', 'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings',
            'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'ExecutionSettings', 'ClockSettings',
-           'EvalSettings', 'ResilienceSettings', 'TrainConfig', 'validate_train', 'rank_batch', 'apply_overrides',
-           'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict', 'setting_sources']
+           'EvalSettings', 'ResilienceSettings', 'AveragingSettings', 'TrainConfig', 'validate_train', 'rank_batch',
+           'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict',
+           'setting_sources']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -346,6 +347,7 @@ class OptimizerSettings:
     beta2: float = 0.95         # AdamW's second-moment decay
     adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
     resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
+    mlp_out_lr_scale: float = 1.0  # the MLPs' output projections (w_down, experts' too): the block rate × this
     x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
     weight_decay: float = 0.0   # decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')
     grad_clip: float = 1.0      # 0 disables
@@ -431,9 +433,17 @@ class ResilienceSettings:
     spike_guard_tries: int = 2    # ... at most this many re-draws
 
 # %% ../nbs/01_config.ipynb #2d34b42a
+@dataclass
+class AveragingSettings:
+    "An average of the weights along the run, blended into the weights that are saved and scored (29_averaging)."
+    ema_every: int = 0            # steps between updates of the exponential moving average (EMA; 0: none)
+    ema_decay: float = 0.99       # the EMA's decay per step: an update every k steps decays it by ema_decay^k
+    ema_blend: float = 0.6        # the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights
+
+# %% ../nbs/01_config.ipynb #31e28ea0
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
          objective=ObjectiveSettings, execution=ExecutionSettings, clock=ClockSettings, evaluation=EvalSettings,
-         resilience=ResilienceSettings)
+         resilience=ResilienceSettings, averaging=AveragingSettings)
 @dataclass(init=False)
 class TrainConfig:
     "Optimisation and run settings, by concern; every setting can be overridden by its name with `--set key=value`."
@@ -446,8 +456,9 @@ class TrainConfig:
     clock: ClockSettings = field(default_factory=ClockSettings)
     evaluation: EvalSettings = field(default_factory=EvalSettings)
     resilience: ResilienceSettings = field(default_factory=ResilienceSettings)
+    averaging: AveragingSettings = field(default_factory=AveragingSettings)
 
-# %% ../nbs/01_config.ipynb #25bbe938
+# %% ../nbs/01_config.ipynb #039b7f78
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
 _SHARDINGS = ("rank", "global")
@@ -497,6 +508,13 @@ def validate_train(t: TrainConfig) -> TrainConfig:
         raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
     if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
     if t.resid_lr_scale < 0: raise ValueError(f"resid_lr_scale={t.resid_lr_scale} must be >= 0")
+    if not t.mlp_out_lr_scale > 0: raise ValueError(f"mlp_out_lr_scale={t.mlp_out_lr_scale} must be > 0 (1: off)")
+    if t.ema_every < 0: raise ValueError(f"ema_every={t.ema_every} must be >= 0 (0: no weight average)")
+    if not 0 < t.ema_decay < 1: raise ValueError(f"ema_decay={t.ema_decay} must lie in (0, 1)")
+    if not 0 <= t.ema_blend <= 1: raise ValueError(f"ema_blend={t.ema_blend} must lie in [0, 1]")
+    if t.ema_every and (t.fsdp or t.ep > 1):   # the average is of whole weights: each rank's must be the same
+        raise ValueError(f"ema_every={t.ema_every} averages replicated weights: not with "
+                         f"{'fsdp' if t.fsdp else f'ep={t.ep}'} (sharded weights) yet")
     if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
         raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
     _validate_phases(t)
@@ -644,7 +662,9 @@ RECIPES: dict[str, list[str]] = {
         "grad_clip=0",
         # muon: 0.025 × 2.0
         "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "muon_lr=0.05", "muon_momentum_start=0.85",
-        "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true",
+        "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true", "mlp_out_lr_scale=0.8",
+        # averaging: an EMA of the weights every 32 steps, 0.6 of it in the saved weights
+        "ema_every=32", "ema_decay=0.99", "ema_blend=0.6",
         # lr_schedule: 20 warm-up steps, the batch warm-up, a linear cooldown over the last 70% to 0.05
         "schedule=wsd", "warmup_frac=0", "warmup_steps=20", "cooldown_frac=0.7", "final_lr_frac=0.05",
         "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6",
@@ -780,6 +800,12 @@ FIELD_SOURCES: dict[str, str] = {
                          "(+0.003..0.0045 vs +0.0012 pooled), CPU runs only show false alarms (29_spikes)",
     "spike_guard_rise": "half FrontierForge's +0.7 nats over steps 5-10, per unit of multi-token weight (29_spikes)",
     "spike_guard_tries": "choice: two re-draws at most",
+    "mlp_out_lr_scale": "1: off; chip evidence: FrontierForge K82s4 trains w_down at 0.8x, ~-0.0004 bpb in one seed "
+                        "pair, and 0.7x flipped the sign (CHIP_EVIDENCE 4, 5)",
+    "ema_every": "0: off; chip evidence: FrontierForge K82s4 updates every 32 steps, +0.45% step time, with the blend "
+                 "~-0.0005 bpb on the chip and -0.0003 official in one pair (CHIP_EVIDENCE 3, 4, 5)",
+    "ema_decay": "FrontierForge K82s4's 0.99 a step, 0.99^32 per update (recipes/K82s4/train.py, EMA_DECAY)",
+    "ema_blend": "FrontierForge K82s4's 0.6 (CHIP_EVIDENCE 4, 5)",
 }
 
 # settings a preset fixes itself, and why
@@ -856,6 +882,11 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
         "mtp_fade": f"{FF}: w3 fades over [0, 0.2), w2 over [0.2, 0.45) of the charged time (recipes/K82s4/train.py)",
         "row_pool": f"{FF}: 256 micro-batches, -0.0023 (one chip pair; official -0.0022); 1,024 equal, 64 smaller; "
                     "theirs a rolling buffer refilled a micro-batch at a time, ours whole pools (29_batches)",
+        "mlp_out_lr_scale": f"{FF}: the MLP output projection at 0.8x, ~-0.0004 (seed 73, 1 pair; 0.7x flipped sign)",
+        "ema_every": f"{FF}: every 32 steps (+0.45% step time on the chip); the blend ~-0.0005 chip, -0.0003 official, "
+                     "1 pair; prewarmed in the free start-up, -0.0003 official (FF FINDINGS)",
+        "ema_decay": f"{FF}: 0.99 a step (0.99^32 an update), from the initial weights (recipes/K82s4/train.py)",
+        "ema_blend": f"{FF}: saved weights 0.6 x EMA + 0.4 x trained",
         "row_pool_from": f"{FF}: from micro-batch 96 (recipes/K82s4/train.py)",
         "row_pool_salt": f"{FF}: salt 4 (K82s7, salt 7, scored 0.9613955 vs 0.9613617: salt sd ~0.0003)",
         "kernels": "ours: the NKI attention kernel takes d_head 64 or 128 (14_kernel_attention); heads of 256 run "

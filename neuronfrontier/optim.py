@@ -278,6 +278,8 @@ def _role(name: str, p: Tensor) -> str:
     if name.startswith("lm_head."): return "head"
     return "scalar"
 
+_MLP_OUT = ("w_down.weight", ".w_down")   # the output projection of a dense MLP, and of an MoE layer's experts
+
 # %% ../nbs/20_optim.ipynb #ddbbfba6
 def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype: torch.dtype | None = None,
                      coeffs=None, distributed: bool | None = None) -> list[torch.optim.Optimizer]:
@@ -291,14 +293,16 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
            "head": tcfg.head_lr * width, "scalar": tcfg.scalar_lr,
            "resid": tcfg.scalar_lr * tcfg.resid_lr_scale,
            "x0": tcfg.scalar_lr}
+    lrs["mlp_out"] = lrs["block"] * tcfg.mlp_out_lr_scale   # a group of its own only when the scale is not 1
     betas = {"x0": (tcfg.x0_beta1, tcfg.beta2)} if tcfg.x0_beta1 is not None else {}
-    muon_params, adam_groups, rows = [], {}, []
+    muon_groups, adam_groups, rows = {}, {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
         role = _role(name, p)
-        wd = tcfg.weight_decay if role == "block" else 0.0
-        if role == "block" and use_muon:
-            muon_params.append(p)
+        if role == "block" and tcfg.mlp_out_lr_scale != 1 and name.endswith(_MLP_OUT): role = "mlp_out"
+        wd = tcfg.weight_decay if role in ("block", "mlp_out") else 0.0
+        if role in ("block", "mlp_out") and use_muon:
+            muon_groups.setdefault(role, []).append(p)
             rows.append((name, tuple(p.shape), "muon", lrs[role], wd))
             continue
         group = dict(params=[], lr=lrs[role], initial_lr=lrs[role], weight_decay=wd, initial_weight_decay=wd, role=role)
@@ -306,9 +310,9 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
         adam_groups[role]["params"].append(p)
         rows.append((name, tuple(p.shape), "adamw", lrs[role], wd))
     opts = []
-    if muon_params:
-        opts.append(Muon([dict(params=muon_params, lr=lrs["block"], initial_lr=lrs["block"], role="block",
-                               initial_weight_decay=tcfg.weight_decay)],
+    if muon_groups:
+        opts.append(Muon([dict(params=ps, lr=lrs[r], initial_lr=lrs[r], role=r, initial_weight_decay=tcfg.weight_decay)
+                          for r, ps in muon_groups.items()],
                          lr=lrs["block"], momentum=tcfg.muon_momentum, weight_decay=tcfg.weight_decay,
                          coeffs=coeffs or tcfg.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
                          normuon=tcfg.normuon, cautious_wd=tcfg.cautious_wd, ema=tcfg.muon_ema))

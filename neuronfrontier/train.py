@@ -25,6 +25,7 @@ from .phases import batch_phase, mtp_weights_at
 from .spikes import guard_initialisation
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
+from .averaging import WeightEma, ema_for, blend_for_save
 from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
 
@@ -238,6 +239,7 @@ class RunProgress:
     reserve_ns: int = 0                                          # training time kept free for the final save
     save_s: float | None = None                                  # the last write of final.pt, in seconds
     nonfinite: torch.Tensor | None = None                        # on the device: a non-finite loss since the last read
+    ema: WeightEma | None = None                                 # ema_every > 0: the weight average (29_averaging)
 
 # %% ../nbs/30_train.ipynb #4b9915f4
 @grouped(place=RunPlace, data=RunData, progress=RunProgress)
@@ -334,7 +336,7 @@ def setup(spec: RunSpec) -> Run:
         train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes,
         out=out, model=model, opts=opts, parallel=parallel, loader=loader,
         batches=Prefetcher(rows, tcfg.prefetch),  # packed ahead, off the step
-        state=state,
+        state=state, ema=ema_for(model, tcfg, state),   # the average lives in the checkpointed state
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
         tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
         fpt=mcfg.flops_per_token(), hwn=hw_name(dev), faults=faults, precision=precision,
@@ -406,9 +408,10 @@ def _stop_signals():
     return flag, lambda: [signal.signal(s, h) for s, h in prev.items()]
 
 # %% ../nbs/30_train.ipynb #7e8248a5
-def save_checkpoints(run: Run, model_only: bool = False):
-    """Rank 0 writes `final.pt` and (unless `model_only`) `resume.pt`, each atomically; the other ranks wait for it. The
-    time goes to `state['ckpt_ns']`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
+def save_checkpoints(run: Run, model_only: bool = False, resume_sd: dict | None = None):
+    """Rank 0 writes `final.pt` and (unless `model_only`) `resume.pt`, with the weights `resume_sd` where they are not
+    final.pt's (the end of a run with an EMA blend), each atomically; the other ranks wait for it. The time goes to
+    `state['ckpt_ns']`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
     Both hold what one process would: every rank first takes part in consolidating them (`run.parallel`: with sharded
     experts a collective)."""
     t0, state = time.perf_counter_ns(), run.state
@@ -420,7 +423,7 @@ def save_checkpoints(run: Run, model_only: bool = False):
         if run.faults.slow_save_s: time.sleep(run.faults.slow_save_s)   # NF_FAULT=slow-save:S, a slow disk
         save_model(run.ck_path, run.model, run.tcfg, sd)
         run.save_s = time.perf_counter() - ts
-        if not model_only: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, sd, opt_states)
+        if not model_only: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, resume_sd or sd, opt_states)
     if run.world > 1: dist.barrier(group=run.ctrl)
     state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
 
@@ -443,6 +446,7 @@ def _roll_back(run: Run, problem: str) -> bool:
     tcfg = run.tcfg
     if len(run.rollbacks) >= tcfg.max_rollbacks: return False
     run.snapshot.restore(run.model, run.opts)
+    if run.ema is not None: run.ema.reset(run.model)   # the average starts again from the restored weights
     run.lr_scale *= tcfg.rollback_lr_factor
     run.nonfinite.zero_()
     run.rollbacks.append({"step": run.state["step"], "to_step": run.snapshot.step, "why": problem,
@@ -571,6 +575,7 @@ def loop(
             loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
                                 run.lr_scale, poison=run.faults.nan_at == state["step"] + 1, step=state["step"])
             run.nonfinite |= ~torch.isfinite(loss_t)
+            if run.ema is not None: run.ema.after_step(run.model, state["step"])   # from step 0 (see 29_averaging)
             waits["queued"] += 1
             logged = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
             # its time: the device is waited for only where a decision needs finished work (log steps, and every step
@@ -651,6 +656,7 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
         # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
         "kernels": run.kernels, "kernel_fallbacks": ops.fallbacks(), "compile": run.compile_info,
         "faults": asdict(run.faults) if run.faults else None,
+        "ema": run.ema.report() if run.ema is not None else None,   # the weight average: updates, blend
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
         "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
         "data": str(run.spec.data_dir) if run.spec.rows is None else "given rows (the kit's make_dataloader)",
@@ -688,9 +694,10 @@ def _score(run: Run, model, res: dict):
 def finish(
     run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float
 ) -> dict:
-    "Check the weights, save, evaluate (sharded over ranks) and write `result.json`; returns its dict."
+    "Check the weights, blend in their EMA, save, evaluate (sharded over ranks), write `result.json`; returns its dict."
     _last_finite(run, status)
-    save_checkpoints(run)
+    raw = blend_for_save(run.ema, run.model, run.tcfg.ema_blend, status, run.say)   # final.pt and the score: the blend
+    save_checkpoints(run, resume_sd=raw)   # resume.pt: the weights as trained, which a resumed run goes on from
     # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
     if clock.mode == "competition": saved_at_s = clock.charged_now_ns() / 1e9
     else: saved_at_s = (time.perf_counter_ns() - clock.t0_ns) / 1e9
