@@ -62,6 +62,14 @@ def _checkpoint(data):
     assert torch.equal(load_for_eval(path, torch.device("cpu"))(idx), m.eval()(idx))
 
 
+def _averaging(data):
+    from neuronfrontier.averaging import WeightEma
+    m = _micro()
+    ema = WeightEma(m, 0.99, 32)
+    ema.after_step(m, 0)
+    assert ema.updates == 1 and ema.finite()
+
+
 def _train(data):
     from neuronfrontier.config import resolve
     from neuronfrontier.optim import build_optimizers
@@ -170,6 +178,7 @@ def _cli(data):
 g = torch.Generator().manual_seed(0)
 CALLS = {
     "neuronfrontier._modidx": lambda data: importlib.import_module("neuronfrontier._modidx").d["settings"],
+    "neuronfrontier.averaging": _averaging,
     "neuronfrontier.checkpoint": _checkpoint,
     "neuronfrontier.cli": _cli,
     "neuronfrontier.clock": _clock,
