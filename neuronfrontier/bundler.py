@@ -21,7 +21,7 @@ PKG = "neuronfrontier"
 # the modules a submission may take code from, in notebook order; kernels (which need the simulator), cli, sweep, ...
 # are not
 BUNDLED = ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim", "resilience",
-           "phases", "spikes", "clock", "distributed", "evaluate", "batches", "checkpoint", "averaging", "train",
+           "phases", "clock", "distributed", "evaluate", "batches", "checkpoint", "spikes", "averaging", "train",
            "flags", "submission")
 # what train.py runs, what the scorer calls, and what the rehearsal drives besides (a kernel that fails must raise)
 ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"), ("ops", "set_fallback"))

@@ -508,7 +508,8 @@ def _check(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
-    from neuronfrontier.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names, setting_sources,
+    from neuronfrontier.sources import setting_sources
+    from neuronfrontier.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names,
                                        setting_groups)
     names = [a.config] if a.config else list(CONFIGS)
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "

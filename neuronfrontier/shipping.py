@@ -197,7 +197,8 @@ def launch_line(nproc: int = 8, lnc: int = 1, nnodes: int = 1, rdzv_endpoint: st
 
 # %% ../nbs/96_shipping.ipynb #1015acc2
 def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=(), fit_note="") -> str:
-    from neuronfrontier.config import config_dict, setting_sources, recipe_names
+    from neuronfrontier.config import config_dict, recipe_names
+    from neuronfrontier.sources import setting_sources
 
     ops_line = (
         f"the NKI kernels in `{KERNEL_PACKAGE}/` ({', '.join(kmods)}: verbatim copies of the package's kernel "

@@ -5,9 +5,12 @@ initialisation before the charged clock starts."""
 
 # %% ../nbs/29_spikes.ipynb #fa3cdff7
 from __future__ import annotations
+import torch
+import torch.distributed as dist
+from .batches import _training_rows
 
 # %% auto #0
-__all__ = ['spike_path', 'guard_initialisation']
+__all__ = ['spike_path', 'guard_initialisation', 'guard_warm_up']
 
 # %% ../nbs/29_spikes.ipynb #834c26eb
 def spike_path(losses, rise: float) -> bool:
@@ -32,3 +35,22 @@ def guard_initialisation(trial, redraw, rise: float, tries: int) -> list[dict]:
         if not spiked or k == tries: break
         redraw(k + 1)
     return out
+
+# %% ../nbs/29_spikes.ipynb #fff20c52
+def guard_warm_up(run, train_step) -> list[dict]:
+    "The coin flip in a run: its own first steps from each initialisation (`run.snapshot`), re-drawn while they spike."
+    model, opts, tcfg = run.model, run.opts, run.tcfg
+    def trial():
+        rows = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world,
+                              run.spec.seed)[1]   # the rows the run starts on, from a loader of its own
+        losses = torch.stack([train_step(model, opts, rows, tcfg, 0.0, run.dev, run.loss_fn, run.parallel, step=i)
+                              for i in range(tcfg.spike_guard_steps)])
+        if run.world > 1: dist.all_reduce(losses)   # every rank decides on the same (summed) losses
+        run.snapshot.restore(model, opts)
+        return (losses / run.world).tolist()
+    def redraw(k):
+        torch.manual_seed(run.spec.seed + 7919 * k)   # the same on every rank
+        model.reset_parameters()
+        run.snapshot.take(model, opts, run.state["step"])
+        run.say(f"warm-up spike path: initialisation {k} drawn")
+    return guard_initialisation(trial, redraw, tcfg.spike_guard_rise, tcfg.spike_guard_tries)

@@ -22,7 +22,7 @@ from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP
 from .distributed import init_distributed, agree_max, DataParallel, parallelize
 from .batches import Prefetcher, _training_rows
 from .phases import batch_phase, mtp_weights_at
-from .spikes import guard_initialisation
+from .spikes import guard_warm_up
 from .evaluate import evaluate_sums, bpb
 from .checkpoint import load_resume, save_model, save_resume
 from .averaging import WeightEma, ema_for, blend_for_save
@@ -375,27 +375,8 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
         step()
         warm_ns.append(time.perf_counter_ns() - t0)
     run.snapshot.restore(model, opts)
-    if tcfg.spike_guard_steps: run.state["spike_guard"] = _guard_init(run)
+    if tcfg.spike_guard_steps: run.state["spike_guard"] = guard_warm_up(run, train_step)   # the coin flip (29_spikes)
     return warm_ns
-
-# %% ../nbs/30_train.ipynb #cecfeaf2
-def _guard_init(run: Run) -> list[dict]:
-    "The warm-up coin flip (29_spikes): the run's own first steps from each initialisation, re-drawn while they spike."
-    model, opts, tcfg = run.model, run.opts, run.tcfg
-    def trial():
-        rows = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world,
-                              run.spec.seed)[1]   # the rows the run starts on, from a loader of its own
-        losses = torch.stack([train_step(model, opts, rows, tcfg, 0.0, run.dev, run.loss_fn, run.parallel, step=i)
-                              for i in range(tcfg.spike_guard_steps)])
-        if run.world > 1: dist.all_reduce(losses)   # every rank decides on the same (summed) losses
-        run.snapshot.restore(model, opts)
-        return (losses / run.world).tolist()
-    def redraw(k):
-        torch.manual_seed(run.spec.seed + 7919 * k)   # the same on every rank
-        model.reset_parameters()
-        run.snapshot.take(model, opts, run.state["step"])
-        run.say(f"warm-up spike path: initialisation {k} drawn")
-    return guard_initialisation(trial, redraw, tcfg.spike_guard_rise, tcfg.spike_guard_tries)
 
 # %% ../nbs/30_train.ipynb #c4ef4be3
 def _stop_signals():

@@ -184,7 +184,8 @@ def test_dense_124m_and_cpu_tiny_train_the_kits_recipe_by_default():
     for config in ("dense-124m", "cpu-tiny"):
         assert resolve(config) == resolve(config, "kit")
         assert resolve(config, "frontier")[0].mlp == "swiglu"   # the engine's own recipe stays one flag away
-    from neuronfrontier.config import setting_sources, KIT_SOURCE, RECIPES
+    from neuronfrontier.config import RECIPES
+    from neuronfrontier.sources import setting_sources, KIT_SOURCE
     kit_keys = {kv.split("=", 1)[0] for kv in RECIPES["kit"]}
     rows = setting_sources("dense-124m")
     from_kit = {k for k, _, src in rows if src.startswith(KIT_SOURCE)}

@@ -8,7 +8,8 @@ import torch
 
 import neuronfrontier.train as T
 from neuronfrontier.batches import RowPool, _training_rows, rank_loader
-from neuronfrontier.config import TrainConfig, resolve, setting_sources, validate_train
+from neuronfrontier.config import TrainConfig, resolve, validate_train
+from neuronfrontier.sources import setting_sources
 from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer
 
 

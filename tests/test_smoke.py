@@ -11,6 +11,7 @@ import torch
 
 import neuronfrontier
 from neuronfrontier import ops
+from neuronfrontier.config import TrainConfig
 from neuronfrontier.testing import rel_err
 
 
@@ -239,6 +240,12 @@ CALLS = {
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
         "rms_norm", torch.randn(128, 128, generator=g), torch.ones(128), backend="torch"),
     "neuronfrontier.train": _train,
+    "neuronfrontier.sources": lambda data: importlib.import_module("neuronfrontier.sources").setting_sources(
+        "trn2-124m", model=True)[1][1] == 1024,
+    "neuronfrontier.phases": lambda data: importlib.import_module("neuronfrontier.phases").batch_phase(
+        TrainConfig(grad_accum=4, batch_warmup="0.5:0.25:0.35"), 0.1) == (1, 0.35),
+    "neuronfrontier.spikes": lambda data: importlib.import_module("neuronfrontier.spikes").spike_path(
+        [9, 8, 7, 6, 5, 6], 0.5),
 }
 MODULES = sorted(m.name for m in pkgutil.walk_packages(neuronfrontier.__path__, "neuronfrontier."))
 
