@@ -79,10 +79,12 @@ def ema_for(model: nn.Module, tcfg, run_state: dict) -> WeightEma | None:
 # %% ../nbs/29_averaging.ipynb #5bfb65f2
 def blend_for_save(ema: WeightEma | None, model: nn.Module, blend: float, status: str, say=print) -> dict | None:
     """Blend the average into `model` at the end of a run; returns the weights as trained (host state dict, for
-    resume.pt), or None where nothing was blended: no average, a blend of 0, no update, a diverged or crashed run, or
-    an average that is not finite."""
+    resume.pt), or None where nothing was blended: no average, a blend of 0, no update, a diverged or crashed run, an
+    average still more than 10% initial weights (a short run), or one that is not finite."""
     if ema is None or not blend: return None
+    start = (1 - ema.rate) ** ema.updates   # the share of the initial weights the average still holds
     why = ("no update yet" if not ema.updates else f"the run {status}" if status in ("diverged", "crashed")
+           else f"the average still holds {start:.0%} of the initial weights (K82s4's rule: over 10%)" if start > 0.1
            else "" if ema.finite() else "the average is not finite")
     if why:
         say(f"weights saved as trained, not blended with their EMA: {why}")
