@@ -49,6 +49,8 @@ VARIANTS = {
     "kit + full attention": ["recipe=kit", "window_pattern=L"],              # no sliding windows (no saving on a CPU)
     "kit + cooldown 0.3": ["recipe=kit", "cooldown_frac=0.3"],               # the warm-down over the last 30%
     "kit + muon lr 0.06": ["recipe=kit", "muon_lr=0.06"],                    # Muon's rate × 1.5
+    # FrontierForge's K82s4 as the trn2 recipe (the default of trn2-124m), at the preset's width and depth
+    "trn2": ["recipe=trn2"],
 }
 RECIPE_VARIANTS = ["baseline", "frontier", "frontier - muon (adamw)", "frontier - qk_norm", "frontier - wsd (cosine)"]
 

@@ -135,3 +135,18 @@ def test_dense_124m_export_rehearses_at_production_shapes(tmp_path):
     rep = json.loads((tmp_path / "sub" / "rehearsal.json").read_text())
     assert rep["per_rank"]["batch_size"] * rep["per_rank"]["grad_accum"] == 16 and rep["per_rank"]["seq_len"] == 2048
     assert all(set(c["matmul_dtypes"]) == {"bfloat16"} for c in rep["kernel_calls"] if c["op"] in AUTOCAST_OPS)
+
+
+@pytest.mark.slow
+def test_the_default_export_is_trn2_124m_and_rehearses(tmp_path):
+    "`export` with no --config writes trn2-124m (K82s4's shape and recipe): under the portal's size, fitted, rehearsed."
+    r = cli("export", "--out", tmp_path / "sub")
+    assert r.returncode == 0 and "memory per rank:" in r.stdout, r.stdout + r.stderr
+    assert "CONFIG = 'trn2-124m'" in (tmp_path / "sub" / "train.py").read_text()
+    assert (tmp_path / "sub" / "train.py").stat().st_size < 262_144
+    r = cli("rehearse", tmp_path / "sub")
+    print(r.stdout)
+    assert r.returncode == 0 and "rehearsal passed" in r.stdout, r.stdout + r.stderr
+    rep = json.loads((tmp_path / "sub" / "rehearsal.json").read_text())
+    assert rep["per_rank"]["batch_size"] * rep["per_rank"]["grad_accum"] == 32 and rep["per_rank"]["seq_len"] == 1024
+    assert rep["per_rank"]["grad_accum"] % 4 == 0   # the batch warm-up's quarter step is a whole micro-batch
