@@ -348,6 +348,8 @@ class OptimizerSettings:
     mlp_out_lr_scale: float = 1.0  # the MLPs' output projections (w_down, experts' too): the block rate × this
     x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
     weight_decay: float = 0.0   # decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')
+    adam_groups: str = ""       # AdamW's betas and decay by role, 'role:beta1:beta2:decay,...' (roles embed, head,
+                                # scalar, resid, x0, router); '' = beta1, beta2 and no decay for every one
     grad_clip: float = 1.0      # 0 disables
 
 # %% ../nbs/01_config.ipynb #cadbb3b1
@@ -460,6 +462,7 @@ class TrainConfig:
 _SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
 DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
 _SHARDINGS = ("rank", "global")
+_ADAM_ROLES = ("embed", "head", "scalar", "resid", "x0", "router")
 OFFICIAL_EVAL_TOKENS = 20_971_520   # the public evaluation: 20,971,520 tokens = 83,462,186 bytes (COMPETITION.md)
 OFFICIAL_EVAL_SEQ_LEN = 1024        # the scorer's context, as one team infers it (a 2048 evaluation sat 0.021 away)
 
@@ -516,6 +519,12 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
         raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
     _validate_phases(t)
+    for spec in filter(None, (x.strip() for x in t.adam_groups.split(","))):
+        parts = spec.split(":")
+        try: ok = len(parts) == 4 and parts[0] in _ADAM_ROLES and all(0 <= float(x) < 1 for x in parts[1:])
+        except ValueError: ok = False
+        if not ok: raise ValueError(f"adam_groups: {spec!r} is not 'role:beta1:beta2:decay' with a role of "
+                                    f"{', '.join(_ADAM_ROLES)} and numbers in [0, 1), e.g. 'embed:0.8:0.995:0.001'")
     return t
 
 def _floats(t: TrainConfig, name: str, sep: str = ",") -> list[float]:
@@ -655,7 +664,8 @@ RECIPES: dict[str, list[str]] = {
         "rope_base=100000", "layer_scalars=true", "norm_gains=false",
         "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=L", "init=uniform", "embed_dtype=bf16",
         # optimizer: AdamW at the kit's rates × 1.4142 (embeddings 0.3, head 0.006, scalars 0.2 before it)
-        "optim=muon", "weight_decay=0.02", "embed_lr=0.4243", "head_lr=0.008485", "scalar_lr=0.2828",
+        "optim=muon", "weight_decay=0.02", "adam_groups=embed:0.8:0.995:0.001,head:0.8:0.96:0.01,scalar:0.9:0.95:0",
+        "embed_lr=0.4243", "head_lr=0.008485", "scalar_lr=0.2828",
         "resid_lr_scale=0.01", "x0_beta1=0.96", "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10",
         "grad_clip=0",
         # muon: 0.025 × 2.0

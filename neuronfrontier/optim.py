@@ -295,12 +295,16 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
            "x0": tcfg.scalar_lr}
     lrs["mlp_out"] = lrs["block"] * tcfg.mlp_out_lr_scale   # a group of its own only when the scale is not 1
     betas = {"x0": (tcfg.x0_beta1, tcfg.beta2)} if tcfg.x0_beta1 is not None else {}
+    adam_wd = {}
+    for spec in filter(None, (x.strip() for x in tcfg.adam_groups.split(","))):   # 'role:beta1:beta2:decay'
+        role, b1, b2, decay = spec.split(":")
+        betas[role], adam_wd[role] = (float(b1), float(b2)), float(decay)
     muon_groups, adam_groups, rows = {}, {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue
         role = _role(name, p)
         if role == "block" and tcfg.mlp_out_lr_scale != 1 and name.endswith(_MLP_OUT): role = "mlp_out"
-        wd = tcfg.weight_decay if role in ("block", "mlp_out") else 0.0
+        wd = tcfg.weight_decay if role in ("block", "mlp_out") else adam_wd.get(role, 0.0)
         if role in ("block", "mlp_out") and use_muon:
             muon_groups.setdefault(role, []).append(p)
             rows.append((name, tuple(p.shape), "muon", lrs[role], wd))

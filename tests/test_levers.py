@@ -236,3 +236,16 @@ def test_the_spike_guard_redraws_the_initialisation_while_the_criterion_fires(tm
     assert guard[0]["losses"][0] != guard[1]["losses"][0]   # another initialisation, the same first rows
     with pytest.raises(ValueError, match="spike_guard_steps=3: the criterion reads steps after 3"):
         resolve("cpu-micro", "kit", ["spike_guard_steps=3"])
+
+
+def test_adamw_betas_and_decay_by_role():
+    "adam_groups sets each named role's AdamW betas and decay (K82s4's), the others keep beta1/beta2 and no decay."
+    from neuronfrontier.optim import build_optimizers
+    m, t = resolve("cpu-micro", "trn2")
+    adam = build_optimizers(GPT(m), t, print_table=False)[-1]
+    by = {g["role"]: (g["betas"] if "betas" in g else adam.defaults["betas"], g["weight_decay"])
+          for g in adam.param_groups}
+    assert by["embed"] == ((0.8, 0.995), 0.001) and by["head"] == ((0.8, 0.96), 0.01)
+    assert by["scalar"] == ((0.9, 0.95), 0.0) and by["resid"] == ((0.8, 0.95), 0.0)
+    with pytest.raises(ValueError, match="adam_groups: 'embed:0.8' is not 'role:beta1:beta2:decay'"):
+        resolve("cpu-micro", "kit", ["adam_groups=embed:0.8"])
