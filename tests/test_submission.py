@@ -93,7 +93,8 @@ def test_torchrun_checkpoint_scores_what_train_py_printed(sub, pydocs):
     enc, tb = load_tokenizer(pydocs / "tokenizer")
     tc = res["config"]["train"]
     bpb = evaluate_bpb(model, val_batches(find_shards(pydocs)[1], enc, tc["eval_seq_len"], tc["eval_tokens"], tc["eval_batch_size"]), tb)
-    assert abs(bpb - res["val_bpb"]) <= 1e-9 * bpb and f"val_bpb={bpb:.4f}" in stdout and stdout.count("val_bpb=") == 1
+    # 1e-7: the same sums, split over 2 ranks in the run and by one process here (2e-8 seen once under load)
+    assert abs(bpb - res["val_bpb"]) <= 1e-7 * bpb and f"val_bpb={bpb:.4f}" in stdout and stdout.count("val_bpb=") == 1
 
 
 def test_check_passes_the_export(sub):
