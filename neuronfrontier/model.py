@@ -150,6 +150,9 @@ class GPT(nn.Module):
                 nn.Parameter(torch.ones(cfg.n_layers)),
             )
         self._rope = {}
+        # the layout's wiring, read from the config once (not parsed again in every forward)
+        self._sources = cfg.attn_sources()                                # reader block -> source block
+        self._ve_table = [cfg.ve_table_of(i) for i in range(cfg.n_layers)]  # the table each block reads, or None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -223,16 +226,15 @@ class GPT(nn.Module):
         with self._ops():
             x = self._table_rows(self.wte, idx)
             x = x0 = self.norm_e(x) if self.norm_e is not None else x
-            sources, kept = self.cfg.attn_sources(), {}   # attention-source reuse: reader -> source block; outputs
-            ve_rows = {}   # value-embedding rows by table
+            kept, ve_rows = {}, {}   # the source blocks' outputs; value-embedding rows by table
             for i, b in enumerate(self.blocks):
                 if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-                table = self.cfg.ve_table_of(i)   # a shared table is looked up once a forward
+                table = self._ve_table[i]   # a shared table is looked up once a forward
                 if table is not None and table not in ve_rows:
                     ve_rows[table] = self._table_rows(self.value_embeds[str(table)], idx)
                 ve = ve_rows.get(table)
-                x = b(x, cos, sin, ve, kept.get(sources.get(i)))
-                if i in sources.values(): kept[i] = x
+                x = b(x, cos, sin, ve, kept.get(self._sources.get(i)))
+                if i in self._sources.values(): kept[i] = x
             return self.norm_f(x)
 
     def _table_rows(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:

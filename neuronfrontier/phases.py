@@ -4,18 +4,29 @@
 
 # %% ../nbs/22_phases.ipynb #d1ac3fb5
 from __future__ import annotations
+from functools import lru_cache
+from types import SimpleNamespace
 from .config import TrainConfig, _floats
 
 # %% auto #0
 __all__ = ['batch_phase', 'mtp_weights_at']
 
 # %% ../nbs/22_phases.ipynb #62eb5415
+def _numbers(t: TrainConfig, name: str, sep: str = ",") -> tuple[float, ...]:
+    "A setting's numbers (`_floats`), parsed once per value: the training step asks at every step."
+    return _parsed(name, getattr(t, name), sep)
+
+@lru_cache(maxsize=16)
+def _parsed(name: str, value: str, sep: str) -> tuple[float, ...]:
+    return tuple(_floats(SimpleNamespace(**{name: value}), name, sep))
+
+# %% ../nbs/22_phases.ipynb #6db0c711
 def batch_phase(t: TrainConfig, frac: float, step: int | None = None) -> tuple[int, float]:
     """(micro-batches, learning-rate multiplier) of a step at budget fraction `frac`: during the first `warmup_steps`
     steps all of them at (step+1)/warmup_steps; then the first `batch_warmup` phase `frac` is still before, with its
     share of `grad_accum` (at least one micro-batch) and its rate; past every phase, all of them at 1."""
     if step is not None and step < t.warmup_steps: return t.grad_accum, (step + 1) / t.warmup_steps
-    flat = _floats(t, "batch_warmup", ":")
+    flat = _numbers(t, "batch_warmup", ":")
     for until, share, lr in zip(flat[0::3], flat[1::3], flat[2::3]):
         if frac < until: return max(1, round(t.grad_accum * share)), lr
     return t.grad_accum, 1.0
@@ -25,9 +36,9 @@ def mtp_weights_at(t: TrainConfig, frac: float) -> tuple[float, ...] | None:
     """The multi-token loss weights at budget fraction `frac` (None: `mtp_weights` unset, the next token only). Token
     j > 1 fades in `mtp_stages` steady stages over its window of `mtp_fade`, the farthest first: the last token's
     window starts at 0, each next one where the previous ended; the next token's weight never fades."""
-    w = _floats(t, "mtp_weights")
+    w = _numbers(t, "mtp_weights")
     if not w: return None
-    ends = _floats(t, "mtp_fade")
+    ends = _numbers(t, "mtp_fade")
     out, S = [w[0]], t.mtp_stages
     for j in range(1, len(w)):
         k = len(w) - 1 - j                     # window k: token len(w) fades first (k = 0)

@@ -177,6 +177,10 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
     },
 }
 
+def _from_recipe(r: str, k: str) -> str:
+    "The source of setting `k` as recipe `r` sets it."
+    return RECIPE_SOURCES.get(r, {}).get(k) or (KIT_SOURCE if r == "kit" else f"recipe {r}")
+
 def setting_sources(config: str, recipe: str | None = None, sets=(),
                     model: bool = False) -> list[tuple[str, object, str]]:
     """(field, value, source) of each `TrainConfig` field (`model`: each `ModelConfig` field): from `--set`, else the
@@ -192,9 +196,7 @@ def setting_sources(config: str, recipe: str | None = None, sets=(),
     rows = []
     for k in setting_fields(TrainConfig):
         if k in named: src = "yours: --set"
-        elif k in by_recipe:
-            r = by_recipe[k]
-            src = RECIPE_SOURCES.get(r, {}).get(k) or (KIT_SOURCE if r == "kit" else f"recipe {r}")
+        elif k in by_recipe: src = _from_recipe(by_recipe[k], k)
         elif getattr(preset, k) != getattr(base, k) or k in PRESET_SOURCES.get(config, {}):
             src = PRESET_SOURCES.get(config, {}).get(k, f"preset {config} (no source recorded)")
         else: src = FIELD_SOURCES[k]
@@ -206,9 +208,7 @@ def _model_sources(config: str, m: ModelConfig, named: set, by_recipe: dict) -> 
     base, preset, rows = ModelConfig(), CONFIGS[config], []
     for k in setting_fields(ModelConfig):
         if k in named: src = "yours: --set"
-        elif k in by_recipe:
-            r = by_recipe[k]
-            src = RECIPE_SOURCES.get(r, {}).get(k) or (KIT_SOURCE if r == "kit" else f"recipe {r}")
+        elif k in by_recipe: src = _from_recipe(by_recipe[k], k)
         elif k in MODEL_PRESET_SOURCES.get(config, {}): src = MODEL_PRESET_SOURCES[config][k]
         elif getattr(preset, k) != getattr(base, k): src = f"preset {config}"
         else: src = "the package's default (01_config)"
