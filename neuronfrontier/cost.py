@@ -169,7 +169,7 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
             kernel_work('swiglu', N, d, F) + mm([(N, F, d)])
             if cfg.mlp == 'swiglu'
             else mm([(N, d, F), (N, F, d)]) + ew(N * F, ops=2) * 2
-        ),  # relu2: relu(x)² and its gradient
+        ),  # relu2_mlp: relu(x)² and its gradient
         norms=kernel_work('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4,
     )   # two residual adds forward, two gradient sums backward
     P_mat, P_all = sum(m * n for m, n in muon_shapes(cfg)), cfg.n_params()   # block matrices; all parameters

@@ -102,12 +102,8 @@ class MLP(nn.Module):
         self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
         self.leak = cfg.mlp_leak   # relu2's LeakyReLU slope (0: ReLU²)
     def forward(self, x):
-        h = (
-            ops.relu2(x, self.w_up.weight, self.leak)
-            if self.w_gate is None
-            else ops.swiglu(x, self.w_gate.weight, self.w_up.weight)
-        )
-        return self.w_down(h)
+        if self.w_gate is None: return ops.relu2_mlp(x, self.w_up.weight, self.w_down.weight, self.leak)   # one op
+        return self.w_down(ops.swiglu(x, self.w_gate.weight, self.w_up.weight))
 
 # %% ../nbs/06_model.ipynb #12ad2d29
 class Block(nn.Module):

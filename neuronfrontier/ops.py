@@ -12,18 +12,18 @@ from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guar
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend',
-           'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu', 'relu2',
-           'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_torch', 'attention_torch',
-           'window_mask', 'implementations', 'replaced', 'watched', 'backend_asked', 'fallbacks', 'set_fallback',
-           'set_kernel_importer', 'isolated']
+           'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu',
+           'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_mlp_torch',
+           'attention_torch', 'window_mask', 'implementations', 'replaced', 'watched', 'backend_asked', 'fallbacks',
+           'set_fallback', 'set_kernel_importer', 'isolated']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
-OPS = ("rms_norm", "swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")
+OPS = ("rms_norm", "swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
 BACKENDS = ("torch", "nki-sim", "nki", "auto")
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
 KERNEL_MODULES = tuple(
-    f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "attention", "cross_entropy", "moe")
+    f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "mlp", "attention", "cross_entropy", "moe")
 )
 # fallback: an `nki` kernel that raises sends its op to PyTorch (off in the rehearsal, which must see the failure)
 # fell_back: op -> why its kernel was given up at run time; importer: how kernel modules are imported (NF_FAULT)
@@ -184,10 +184,11 @@ def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
     return _call("swiglu", x, w_gate, w_up)
 
 # %% ../nbs/03_ops.ipynb #64c81ab2
-def relu2(x: torch.Tensor, w_up: torch.Tensor, leak: float = 0.0) -> torch.Tensor:
-    """relu(x @ w_upᵀ)², or with `leak` α > 0 LeakyReLU(α)²: (max(z, αz))²; x [..., d], w_up [d_mlp, d] →
-    [..., d_mlp]."""
-    return _call("relu2", x, w_up, leak=leak)
+def relu2_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, leak: float = 0.0) -> torch.Tensor:
+    """The ReLU² MLP, both projections: relu(x @ w_upᵀ)² @ w_downᵀ, or with `leak` α > 0 LeakyReLU(α)², (max(z, αz))²;
+    x [..., d], w_up [d_mlp, d], w_down [d, d_mlp] (nn.Linear layouts) → [..., d]. One op, so a kernel can keep the
+    hidden activation [..., d_mlp] out of HBM."""
+    return _call("relu2_mlp", x, w_up, w_down, leak=leak)
 
 # %% ../nbs/03_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
@@ -227,10 +228,10 @@ def swiglu_torch(x, w_gate, w_up):
     return F.silu(F.linear(x, w_gate)) * F.linear(x, w_up)
 
 # %% ../nbs/03_ops.ipynb #8a30b4c8
-@register("relu2", "torch")
-def relu2_torch(x, w_up, leak=0.0):
+@register("relu2_mlp", "torch")
+def relu2_mlp_torch(x, w_up, w_down, leak=0.0):
     z = F.linear(x, w_up)
-    return (F.leaky_relu(z, leak) if leak else F.relu(z)).square()
+    return F.linear((F.leaky_relu(z, leak) if leak else F.relu(z)).square(), w_down)
 
 # %% ../nbs/03_ops.ipynb #8b78dd6c
 @register("attention", "torch")

@@ -17,7 +17,8 @@ __all__ = ['HBM_MARGIN', 'AUTOCAST_OPS', 'hbm_per_rank', 'trn2_backends', 'packa
 
 # %% ../nbs/93_rehearsal.ipynb #33404ca5
 HBM_MARGIN = 0.15   # share of a rank's HBM left for the runtime, collectives and fragmentation (assumed, not measured)
-AUTOCAST_OPS = ("swiglu", "relu2", "attention", "cross_entropy", "moe_mlp")   # ops whose matmuls autocast runs in bf16
+# ops whose matmuls autocast runs in bf16
+AUTOCAST_OPS = ("swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
 
 def hbm_per_rank(lnc: int) -> int:
     "HBM bytes one process addresses on trn2 at `NEURON_LOGICAL_NC_CONFIG=lnc` (1: half a bank; 2: a bank)."

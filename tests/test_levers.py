@@ -8,19 +8,20 @@ from neuronfrontier.model import GPT
 
 
 def test_leaky_relu2_forward_and_backward():
-    "ops.relu2 with leak α is (max(z, αz))², forward and backward; α = 0 is ReLU² exactly."
+    "ops.relu2_mlp with leak α is (max(z, αz))² W_downᵀ, forward and backward; α = 0 is ReLU² exactly."
     torch.manual_seed(0)
     x = torch.randn(3, 5, 128, requires_grad=True)
     w = (torch.randn(256, 128) / 11).requires_grad_()
-    y = ops.relu2(x, w, leak=0.35)
+    wd = (torch.randn(128, 256) / 16).requires_grad_()
+    y = ops.relu2_mlp(x, w, wd, leak=0.35)
     z = x @ w.T
-    ref = torch.where(z > 0, z, 0.35 * z) ** 2
+    ref = (torch.where(z > 0, z, 0.35 * z) ** 2) @ wd.T
     torch.testing.assert_close(y, ref)
     g = torch.randn_like(y)
-    got = torch.autograd.grad(y, (x, w), g)
-    want = torch.autograd.grad(ref, (x, w), g)
+    got = torch.autograd.grad(y, (x, w, wd), g)
+    want = torch.autograd.grad(ref, (x, w, wd), g)
     for a, b in zip(got, want): torch.testing.assert_close(a, b)
-    torch.testing.assert_close(ops.relu2(x, w), F.relu(z) ** 2, rtol=0, atol=0)
+    torch.testing.assert_close(ops.relu2_mlp(x, w, wd), F.relu(z) ** 2 @ wd.T, rtol=0, atol=0)
 
 
 def test_mlp_leak_reaches_the_model_and_is_checked():

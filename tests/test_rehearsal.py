@@ -36,7 +36,7 @@ def test_rehearsal_passes_the_export(micro):
     print(rep["summary"])
     assert rep["passed"] and not rep["failures"] and not rep["fallbacks"], rep["failures"]
     assert rep["dtype"] == "bf16"   # the export asks for auto, which the chip resolves to bf16 (this CPU may not)
-    assert rep["backends"] == {"rms_norm": "nki", "swiglu": "nki", "relu2": "torch", "attention": "nki",
+    assert rep["backends"] == {"rms_norm": "nki", "swiglu": "nki", "relu2_mlp": "torch", "attention": "nki",
                                "cross_entropy": "nki", "moe_mlp": "torch"}
     calls = rep["kernel_calls"]
     kinds = {(c["op"], c["direction"]) for c in calls}
