@@ -464,7 +464,7 @@ def _rehearse(a) -> int:
     from neuronfrontier.submission import ALLOWED_LNC
     import tempfile
     from neuronfrontier.contract import check_launch, launch_shape, kit_run, kit_paths, NA
-    from neuronfrontier.rehearsal import rehearse
+    from neuronfrontier.rehearsal import rehearse, work_table
     d = Path(a.dir)
     if not (d / "train.py").is_file():
         raise UserError(f"{d}: no train.py; export a submission with `neuronfrontier export --out {d}`")
@@ -487,6 +487,7 @@ def _rehearse(a) -> int:
         kinds = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in m.items() if v and k != "total")
         over = "" if mem["fits"][phase] else "  OVER"
         print(f"memory, {phase}: {m['total'] / 2**30:.2f} GiB per rank ({kinds}){over}")
+    if table := work_table(rep): print(table)
     for line in rep["failures"]: print(f"FAIL {line}")
     print(f"rehearsal {'passed' if rep['passed'] else 'FAILED'}: {rep['summary']}")
     print(f"wrote {a.out or d / 'rehearsal.json'}")

@@ -12,7 +12,8 @@ from .kernels import attention, rmsnorm, swiglu, cross_entropy
 from .optim import ns_flops, muon_shapes
 
 # %% auto #0
-__all__ = ['STEP_OPS', 'Work', 'matmul_work', 'elementwise_work', 'collective_work', 'kernel_work', 'step_estimate']
+__all__ = ['STEP_OPS', 'KERNEL_OPS', 'Work', 'matmul_work', 'elementwise_work', 'collective_work', 'kernel_work', 'torch_work',
+           'step_estimate']
 
 # %% ../nbs/21_cost.ipynb #95ed91f6
 _COUNTERS = (
@@ -77,6 +78,7 @@ def collective_work(nbytes, world, kind='all_reduce', itemsize=4) -> Work:
 
 # %% ../nbs/21_cost.ipynb #f9ff455f
 STEP_OPS = ('embedding', 'attention', 'MLP', 'norms & residual', 'loss', 'optimizer', 'collectives')
+KERNEL_OPS = ('attention', 'rmsnorm', 'swiglu', 'cross_entropy')   # the ops `kernel_work` traces
 
 def _affine(run, n, n1):
     "Work at n tokens from runs at n1 and 2·n1 (a fixed part plus a per-token-tile part; assumption 3)."
@@ -134,78 +136,96 @@ def kernel_work(name: str, *shape) -> Work:
     _KERNEL_CACHE[key] = w
     return w
 
-# %% ../nbs/21_cost.ipynb #aba71673
-def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, optim: str = 'muon', hw=TRN2) -> dict:
-    """Roofline estimate of one bf16 training step of the GPT `cfg` (a ModelConfig) per NeuronCore: `batch` sequences of
-    `seq_len` tokens (default cfg.seq_len) on each of `world` cores, data parallel, optimizer `optim` ('muon' |
-    'adamw').
-    Returns {'ops': {op: estimate_time breakdown + 'work'}, 'step_s', 'serial_s', 'tokens_per_s' (chip), 'mfu', ...}."""
+# %% ../nbs/21_cost.ipynb #dee9742b
+def torch_work(name: str, *shape) -> Work:
+    """bf16 `Work` of one forward + backward of `name` as PyTorch ops (assumption 7): 'attention' (rows, T, d_head),
+    'rmsnorm' (N, d), 'relu2_mlp' and 'swiglu' (N, d, F), 'cross_entropy' (N, d, V)."""
+    ew = elementwise_work
+    if name == 'attention':   # per (batch, head) row: S = QKᵀ, P = softmax(S), O = PV; backward dP, dS, dQ, dK, dV
+        rows, T, dh = shape
+        score = matmul_work(T, dh, T)              # QKᵀ or dO Vᵀ: a [T, T] result
+        by_score = matmul_work(T, T, dh)           # PV, dS K, dSᵀ Q, Pᵀ dO: a [T, T] operand
+        w = score * 2 + by_score * 4 + ew(T * T, ops=5) + ew(T * T, reads=2, ops=3)
+        return w * rows
+    if name == 'rmsnorm':
+        N, d = shape
+        return ew(N * d, reads=2, ops=4) + ew(N * d, reads=3, ops=6)   # x twice → y; x, y's gradient, rstd → dx
+    if name in ('relu2_mlp', 'swiglu'):
+        N, d, F = shape
+        n_up = 1 if name == 'relu2_mlp' else 2
+        mm = sum(matmul_work(*s) * 3 for s in [(N, d, F)] * n_up + [(N, F, d)])
+        return mm + ew(N * F, reads=n_up, ops=2) + ew(N * F, reads=n_up + 1, writes=n_up, ops=4)
+    if name == 'cross_entropy':                    # fp32 logits: log-sum-exp forward; softmax minus one-hot backward
+        N, d, V = shape
+        return matmul_work(N, d, V, 4) + matmul_work(N, d, V) * 2 + ew(N * V, writes=0, itemsize=4, ops=4) \
+            + ew(N * V, itemsize=4, ops=4)
+    raise ValueError(f"torch_work: unknown op {name!r}; use attention, rmsnorm, relu2_mlp, swiglu or cross_entropy")
+
+# %% ../nbs/21_cost.ipynb #abbe0732
+def _layer_works(cfg, batch: int, T: int, kernels: bool) -> dict:
+    "Work of one layer's attention, MLP and norms for `batch` sequences of T tokens; the ops' kernels or PyTorch's."
+    N, d, H, dh, a, F, kv = batch * T, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_attn, cfg.d_mlp, cfg.d_kv
+    ew = elementwise_work
+    proj = [(N, d, a), (N, d, kv), (N, d, kv), (N, a, d)]          # q, k, v, o projections [M, K, N]
+    mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
+    norm = kernel_work if kernels else torch_work
+    attention = (mm(proj)
+                 + ew(N * (a + kv), ops=6) * 2          # RoPE on q and k, forward and backward (fp32 math)
+                 + ew(N * a) * 9                        # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
+                 + ew(N * a, reads=2, writes=0, ops=2)  # D = rowsum(dO ⊙ O)
+                 + (norm('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work()))
+    if cfg.mlp == 'swiglu':
+        mlp = (kernel_work('swiglu', N, d, F) + mm([(N, F, d)])) if kernels else torch_work('swiglu', N, d, F)
+    else:
+        fused = kernels and 'relu2_mlp' in KERNEL_OPS
+        mlp = (kernel_work if fused else torch_work)('relu2_mlp', N, d, F)
+    norms = norm('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4   # residual adds: two forward, two gradient sums back
+    return {'attention': attention, 'MLP': mlp, 'norms': norms}
+
+# %% ../nbs/21_cost.ipynb #0f9624ff
+def _optimizer_works(cfg, world: int, optim: str) -> tuple[Work, Work]:
+    "The optimizer's work on one core per optimizer step, and its collectives (data parallel over `world` cores)."
+    ew = elementwise_work
+    P_mat, P_all = sum(m * n for m, n in muon_shapes(cfg)), cfg.n_params()   # block matrices; all parameters
+    if optim == 'adamw': return ew(P_all, reads=4, writes=3, itemsize=4, ops=10), collective_work(4 * P_all, world)
+    shapes = muon_shapes(cfg)                                     # NS on this core's share of each shape's matrices
+    own = sum(-(-shapes.count(shp) // world) * ns_flops(shp) for shp in set(shapes))
+    opt = (ew(P_mat, reads=3, writes=2, itemsize=4, ops=6)
+           + ew(P_all - P_mat, reads=4, writes=3, itemsize=4, ops=10)
+           + Work(pe_cycles=own / (2 * PMAX * PMAX), tensor_flops=own))   # NS as bf16 matmuls, full occupancy
+    return opt, collective_work(4 * P_all, world) + collective_work(4 * P_mat, world, 'all_gather')
+
+# %% ../nbs/21_cost.ipynb #96e2e76b
+def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, optim: str = 'muon', hw=TRN2,
+                  kernels: bool = True, accum: int = 1) -> dict:
+    """Roofline estimate of one bf16 optimizer step of the GPT `cfg` (a ModelConfig) per NeuronCore: `accum`
+    micro-batches of `batch` sequences of `seq_len` tokens (default cfg.seq_len) on each of `world` cores, data
+    parallel, optimizer `optim` ('muon' | 'adamw'); `kernels`: our kernels where they exist, else PyTorch's ops
+    (assumption 7). Returns {'ops': {op: estimate_time breakdown + 'work'}, 'step_s', 'serial_s', 'tokens_per_s'
+    (chip), 'mfu', ...}."""
     if optim not in ('muon', 'adamw'): raise ValueError(f"step_estimate: optim={optim!r} must be 'muon' or 'adamw'")
     T = seq_len or cfg.seq_len
-    N, d, L, H, dh, a, F, V = (
-        batch * T,
-        cfg.d_model,
-        cfg.n_layers,
-        cfg.n_heads,
-        cfg.d_head,
-        cfg.d_attn,
-        cfg.d_mlp,
-        cfg.padded_vocab,
-    )
-    ew = elementwise_work
+    N, d, L, H, dh, V = batch * T, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.padded_vocab
     windows = [w if w is not None and w < T - 1 else None for w in cfg.windows]   # each layer's window at this T
-    kv = cfg.d_kv                                                 # the K and V width (narrower with GQA)
-    proj = [(N, d, a), (N, d, kv), (N, d, kv), (N, a, d)]         # q, k, v, o projections [M, K, N]
-    mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
-    layer = dict(
-        attention=(
-            mm(proj)
-            + ew(N * (a + kv), ops=6) * 2  # RoPE on q and k, forward and backward (fp32 math)
-            + ew(N * a) * 9  # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
-            + ew(N * a, reads=2, writes=0, ops=2)  # D = rowsum(dO ⊙ O)
-            + (kernel_work('rmsnorm', N * H, dh) * 2 if cfg.qk_norm else Work())
-        ),
-        MLP=(
-            kernel_work('swiglu', N, d, F) + mm([(N, F, d)])
-            if cfg.mlp == 'swiglu'
-            else mm([(N, d, F), (N, F, d)]) + ew(N * F, ops=2) * 2
-        ),  # relu2_mlp: relu(x)² and its gradient
-        norms=kernel_work('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4,
-    )   # two residual adds forward, two gradient sums backward
-    P_mat, P_all = sum(m * n for m, n in muon_shapes(cfg)), cfg.n_params()   # block matrices; all parameters
-    if optim == 'muon':
-        shapes = muon_shapes(cfg)                                 # NS on this core's share of each shape's matrices
-        own = sum(-(-shapes.count(shp) // world) * ns_flops(shp) for shp in set(shapes))
-        opt = (
-            ew(P_mat, reads=3, writes=2, itemsize=4, ops=6)
-            + ew(P_all - P_mat, reads=4, writes=3, itemsize=4, ops=10)
-            + Work(pe_cycles=own / (2 * PMAX * PMAX), tensor_flops=own)
-        )   # NS as bf16 matmuls, full occupancy
-        coll = collective_work(4 * P_all, world) + collective_work(4 * P_mat, world, 'all_gather')
-    else:
-        opt, coll = ew(P_all, reads=4, writes=3, itemsize=4, ops=10), collective_work(4 * P_all, world)
+    layer = _layer_works(cfg, batch, T, kernels)
+    core = (sum((kernel_work('attention', batch * H, T, dh, w) for w in windows), Work()) if kernels
+            else torch_work('attention', batch * H, T, dh) * L)
+    ew = elementwise_work
+    opt, coll = _optimizer_works(cfg, world, optim)
     works = {
-        'embedding': ew(N * d, itemsize=4) + ew(N * d, reads=2, itemsize=4),  # gather; scatter-add of the gradient
-        'attention': layer['attention'] * L
-        + sum((kernel_work('attention', batch * H, T, dh, w) for w in windows), Work()),
-        'MLP': layer['MLP'] * L,
-        'norms & residual': layer['norms'] * L + kernel_work('rmsnorm', N, d),
-        'loss': kernel_work('cross_entropy', N, d, V, float(cfg.softcap)),
+        'embedding': (ew(N * d, itemsize=4) + ew(N * d, reads=2, itemsize=4)) * accum,   # gather; gradient scatter-add
+        'attention': (layer['attention'] * L + core) * accum,
+        'MLP': layer['MLP'] * L * accum,
+        'norms & residual': (layer['norms'] * L + (kernel_work if kernels else torch_work)('rmsnorm', N, d)) * accum,
+        'loss': (kernel_work('cross_entropy', N, d, V, float(cfg.softcap)) if kernels
+                 else torch_work('cross_entropy', N, d, V)) * accum,
         'optimizer': opt,
         'collectives': coll,
     }
     ops_ = {k: dict(estimate_time(w, hw, breakdown=True), work=w) for k, w in works.items()}
     step = sum(o['total'] for o in ops_.values())
-    tps = world * N / step
-    return dict(
-        ops=ops_,
-        step_s=step,
-        serial_s=sum(o['serial'] for o in ops_.values()),
-        tokens_per_s=tps,
-        mfu=mfu(tps, cfg.flops_per_token(T), get_device(hw).with_cores(world)),
-        tokens_per_step=world * N,
-        world=world,
-        batch=batch,
-        seq_len=T,
-        label='roofline estimate',
-    )
+    tps = world * N * accum / step
+    return dict(ops=ops_, step_s=step, serial_s=sum(o['serial'] for o in ops_.values()), tokens_per_s=tps,
+                mfu=mfu(tps, cfg.flops_per_token(T), get_device(hw).with_cores(world)),
+                tokens_per_step=world * N * accum, world=world, batch=batch, accum=accum, seq_len=T, kernels=kernels,
+                label='roofline estimate')

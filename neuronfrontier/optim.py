@@ -13,8 +13,9 @@ from .precision import choose_precision, TORCH_DTYPES
 
 # %% auto #0
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5',
-           'local_shard', 'sharded_updates', 'Muon', 'normuon_scale', 'build_optimizers', 'optimizer_table',
-           'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops', 'muon_shapes']
+           'local_shard', 'sharded_updates', 'momentum_updates', 'Muon', 'normuon_scale', 'build_optimizers',
+           'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'apply_schedule', 'ns_flops',
+           'muon_shapes']
 
 # %% ../nbs/20_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -125,7 +126,19 @@ def _dist_info(distributed: bool | None) -> tuple[int, int]:
     if distributed is False or not on: return 0, 1
     return dist.get_rank(), dist.get_world_size()
 
-# %% ../nbs/20_optim.ipynb #a3fc96c5
+# %% ../nbs/20_optim.ipynb #9e4122f6
+def momentum_updates(bufs: list[Tensor], grads: list[Tensor], mu: float, nesterov: bool = True,
+                     ema: bool = False) -> list[Tensor]:
+    """Update the momentum buffers `bufs` in place with `grads` and return the updates u, one foreach call per step:
+    the sum form b ← μb + g, u = g + μb (Nesterov) or b; `ema`: the kit's b ← lerp(b, g, 1−μ), u = lerp(g, b, μ)."""
+    if ema:   # an average of gradients: the sum form's multiple at a fixed μ
+        torch._foreach_lerp_(bufs, grads, 1 - mu)
+        return torch._foreach_lerp(grads, bufs, mu) if nesterov else bufs
+    torch._foreach_mul_(bufs, mu)
+    torch._foreach_add_(bufs, grads)
+    return torch._foreach_add(grads, bufs, alpha=mu) if nesterov else bufs
+
+# %% ../nbs/20_optim.ipynb #cabd4feb
 class Muon(torch.optim.Optimizer):
     """MomentUm Orthogonalized by Newton–Schulz: Nesterov momentum, NS-orthogonalised update, √max(1, m/n) shape scale,
     decoupled weight decay."""
@@ -175,21 +188,16 @@ class Muon(torch.optim.Optimizer):
             with torch.enable_grad(): loss = closure()
         rank, world = _dist_info(self.distributed)
         for group in self.param_groups:
-            mu = group["momentum"]
             buckets: dict[tuple, list] = {}
             sharded: dict[tuple, list] = {}   # FSDP2 matrices, by the whole matrix's shape (the same on every rank)
-            for p in group["params"]:
-                if p.grad is None: continue
-                st = self.state[p]
-                if "momentum_buffer" not in st: st["momentum_buffer"] = torch.zeros_like(p.grad)
-                # FSDP2 (DTensor): the momentum of this rank's rows only, an elementwise update of its own shard
-                g, buf = local_shard(p.grad), local_shard(st["momentum_buffer"])
-                if group["ema"]:   # the kit's form: an average of gradients (the sum form's multiple at a fixed μ)
-                    buf.lerp_(g, 1 - mu)
-                    u = g.lerp(buf, mu) if group["nesterov"] else buf
-                else:
-                    buf.mul_(mu).add_(g)
-                    u = g.add(buf, alpha=mu) if group["nesterov"] else buf
+            live = [p for p in group["params"] if p.grad is not None]
+            for p in live:
+                if "momentum_buffer" not in self.state[p]: self.state[p]["momentum_buffer"] = torch.zeros_like(p.grad)
+            # FSDP2 (DTensor): the momentum of this rank's rows only, an elementwise update of its own shard
+            grads = [local_shard(p.grad) for p in live]
+            bufs = [local_shard(self.state[p]["momentum_buffer"]) for p in live]
+            updates = momentum_updates(bufs, grads, group["momentum"], group["nesterov"], group["ema"]) if live else []
+            for p, u in zip(live, updates):
                 if isinstance(p, DTensor):
                     sharded.setdefault(tuple(p.shape), []).append((p, u))
                     continue
@@ -215,21 +223,23 @@ class Muon(torch.optim.Optimizer):
                     dist.all_gather(recv, send)
                     O = torch.cat(recv)[:K]
                 scale = self.shape_scale(items[0][0].shape)
-                for (p, _), o in zip(items, O):
-                    if group["normuon"]: o = normuon_scale(self.state[p], o, group["beta2"])
-                    self._apply(p, o, group, scale)
+                if group["normuon"]:
+                    O = [normuon_scale(self.state[p], o, group["beta2"]) for (p, _), o in zip(items, O)]
+                self._apply([p for p, _ in items], list(O), group, scale)
         return loss
 
     @staticmethod
-    def _apply(w: Tensor, o: Tensor, group: dict, scale: float):
-        "Decay `w` and step it by the orthogonalised update `o` (in `w`'s shape) at `group`'s rate × `scale`."
+    def _apply(ws: list[Tensor], os: list[Tensor], group: dict, scale: float):
+        """Decay the matrices `ws` and step each by its orthogonalised update in `os` (any shape of the same size) at
+        `group`'s rate × `scale`: one foreach operation for all of them, not one per matrix."""
         lr, wd = group["lr"], group["weight_decay"]
-        o = o.view_as(w).to(w.dtype)
+        os = [o.view_as(w).to(w.dtype) for w, o in zip(ws, os)]
         # cautious decay (the kit's): only where the update shrinks |w| too, at the update's rate lr·scale;
         # plain decoupled decay stays at lr (Keller Jordan's Muon)
-        if wd and group["cautious_wd"]: w.sub_(w * (o * w >= 0), alpha=lr * scale * wd)
-        elif wd: w.mul_(1 - lr * wd)
-        w.add_(o, alpha=-lr * scale)
+        if wd and group["cautious_wd"]:
+            torch._foreach_sub_(ws, [w * (o * w >= 0) for w, o in zip(ws, os)], alpha=lr * scale * wd)
+        elif wd: torch._foreach_mul_(ws, 1 - lr * wd)
+        torch._foreach_sub_(ws, os, alpha=lr * scale)
 
     def _step_sharded(self, group: dict, items: list):
         """Update FSDP2-sharded matrices `items` [(param, this rank's rows of its momentum update)] of one shape: each
@@ -242,7 +252,7 @@ class Muon(torch.optim.Optimizer):
         outs = sharded_updates(items, lambda U: zeropower_via_newtonschulz5(U, group["ns_steps"], group["coeffs"],
                                                                             dtype), finish)
         scale = self.shape_scale(items[0][0].shape)
-        for (p, _), o in zip(items, outs): self._apply(local_shard(p), o, group, scale)
+        self._apply([local_shard(p) for p, _ in items], list(outs), group, scale)
 
     def share_owned_state(self):
         """Give every rank the NorMuon state of every FSDP2-sharded matrix (each rank keeps it for the matrices it
@@ -321,8 +331,10 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
                          coeffs=coeffs or tcfg.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
                          normuon=tcfg.normuon, cautious_wd=tcfg.cautious_wd, ema=tcfg.muon_ema))
     if adam_groups:
+        # foreach: one call per arithmetic step over all the group's tensors, on any device (PyTorch picks it itself
+        # only on the devices it knows; `fused` has no neuron kernel)
         opts.append(torch.optim.AdamW(list(adam_groups.values()), lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2),
-                                      eps=tcfg.adam_eps, weight_decay=0.0))
+                                      eps=tcfg.adam_eps, weight_decay=0.0, foreach=True))
     if print_table: print(optimizer_table(rows))
     return opts
 

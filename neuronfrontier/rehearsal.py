@@ -13,7 +13,7 @@ from .optim import default_ns_dtype
 
 # %% auto #0
 __all__ = ['HBM_MARGIN', 'AUTOCAST_OPS', 'hbm_per_rank', 'trn2_backends', 'package_namespace', 'traced_memory', 'measured_peak',
-           'autocast_escape', 'rehearse', 'summary', 'plan_batch']
+           'step_work', 'work_table', 'autocast_escape', 'rehearse', 'summary', 'plan_batch']
 
 # %% ../nbs/93_rehearsal.ipynb #33404ca5
 HBM_MARGIN = 0.15   # share of a rank's HBM left for the runtime, collectives and fragmentation (assumed, not measured)
@@ -59,12 +59,16 @@ def package_namespace():
                                  DataParallel=distributed.DataParallel, choose_precision=precision.choose_precision)
 
 # %% ../nbs/93_rehearsal.ipynb #f88d6034
-def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None) -> dict:
+def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None,
+                  counts: dict | None = None) -> dict:
     """Peak bytes by kind of `steps` training steps of `ns`'s model at the shapes of `mcfg`/`tcfg` on one of `world`
     ranks (FakeTensors: nothing computed), then of the evaluation `train.py` runs and of the scorer's forward. A phase
     whose shapes depend on the data (an MoE's dropless routing at evaluation) cannot be traced: its entry is None.
-    `ns_dtype`: Muon's Newton–Schulz dtype (None: this CPU's, `optim.default_ns_dtype`)."""
+    `ns_dtype`: Muon's Newton–Schulz dtype (None: this CPU's, `optim.default_ns_dtype`). `counts`: a dict that receives
+    the matmul FLOPs PyTorch's own operators run in the training steps ('torch_matmul_flops', a kernel's custom operator
+    has none) and the number of steps."""
     from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException
+    from torch.utils.flop_counter import FlopCounterMode
     from torch.distributed._tools.mem_tracker import MemTracker
     dev = torch.device("cpu")
     tokens = lambda B, T: (torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, dtype=torch.long))
@@ -80,8 +84,9 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
             mt.reset_mod_stats()
             return model.loss(x, y, **kw)   # kw: the multi-token weights, where the recipe sets them
         par = ns.DataParallel(world)
-        with mt:
+        with mt, FlopCounterMode(display=False) as flops:
             for _ in range(steps): ns.train_step(model, opts, batches, tcfg, 0.5, dev, loss_fn=loss_fn, parallel=par)
+        if counts is not None: counts.update(torch_matmul_flops=flops.get_total_flops(), steps=steps)
         out["train step"] = _by_kind(mt.get_tracker_snapshot("peak"))
         if before_eval: before_eval()
         x, y = tokens(tcfg.eval_batch_size, tcfg.eval_seq_len)
@@ -161,8 +166,10 @@ def _serve(train, standin):
             train.register(op, "nki")(run)
 
 # %% ../nbs/93_rehearsal.ipynb #590d0e00
-def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple[dict, dict, list]:
-    "Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures)."
+def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log, work: dict | None = None
+                ) -> tuple[dict, dict, list]:
+    """Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures).
+    `work`: a dict that receives the traced step's work (`step_work`)."""
     failures = []
     train.set_fallback(False)   # a failing kernel must raise here, not fall back quietly as it does on the chip
     while True:
@@ -170,9 +177,11 @@ def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple
         backends = train.backend_table("cpu")
         _serve(train, standin)
         standin.phase = "train step"
+        first, counts = len(standin.calls), {}   # this attempt's launches
         try:
             mem = traced_memory(train, mcfg, tcfg, world, before_eval=lambda: setattr(standin, "phase", "evaluation"),
-                                ns_dtype=default_ns_dtype("neuron"))   # Newton–Schulz as the chip runs it
+                                ns_dtype=default_ns_dtype("neuron"), counts=counts)   # Newton–Schulz as on the chip
+            if work is not None: work.update(step_work(standin.calls[first:], counts))
             return mem, backends, failures
         except KernelFailure as e:
             op = e.call.ops_op or next((o for o, b in backends.items() if b == "nki" and o in e.call.op), None)
@@ -180,6 +189,36 @@ def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log) -> tuple
             failures.append(e.call)
             log(f"  {e.call.brief()} failed: {e.call.reason}; {op} falls back to torch, tracing again")
             torch_ops.add(op)
+
+# %% ../nbs/93_rehearsal.ipynb #39bafe78
+def step_work(calls, counts: dict) -> dict:
+    """Per training step, from the kernel launches `calls` (`KernelCall`s of traced steps) and `traced_memory`'s
+    `counts`: for each op its kernel calls, matmul FLOPs and HBM bytes; PyTorch's matmul FLOPs; the kernels' share."""
+    steps = counts.get("steps") or 1
+    ops = {}
+    for c in calls:
+        if c.phase != "train step": continue
+        o = ops.setdefault(c.ops_op or c.kernel, {"calls": 0, "matmul_flops": 0, "hbm_bytes": 0})
+        o["calls"] += 1 / steps
+        o["matmul_flops"] += sum(c.matmul_flops.values()) / steps
+        o["hbm_bytes"] += c.hbm_bytes / steps
+    ours = sum(o["matmul_flops"] for o in ops.values())
+    rest = counts.get("torch_matmul_flops", 0) / steps
+    return {"ops": ops, "torch_matmul_flops": rest, "kernel_share": ours / (ours + rest) if ours + rest else 0.0,
+            "method": "kernel launches: the simulator's counts; PyTorch's operators: torch.utils.flop_counter"}
+
+# %% ../nbs/93_rehearsal.ipynb #ecd733e4
+def work_table(rep: dict) -> str:
+    "The rehearsal's `step_work` as lines: per op, a step's kernel calls, matmul FLOPs and HBM bytes, then the share."
+    w = rep.get("step_work")
+    if not w: return ""
+    lines = [f"{'op':15} {'calls':>6} {'matmul GFLOP':>13} {'HBM MB':>9}   (one training step of a rank, our kernels)"]
+    for op, o in sorted(w["ops"].items(), key=lambda kv: -kv[1]["matmul_flops"]):
+        lines.append(f"{op:15} {o['calls']:6.0f} {o['matmul_flops'] / 1e9:13.1f} {o['hbm_bytes'] / 1e6:9.1f}")
+    lines.append(f"{'PyTorch ops':15} {'':6} {w['torch_matmul_flops'] / 1e9:13.1f} {'':>9}   (FlopCounterMode)")
+    lines.append(f"our kernels run {w['kernel_share']:.1%} of the matmul FLOPs a step executes (their recomputation "
+                 f"included; traced in the simulator)")
+    return "\n".join(lines)
 
 # %% ../nbs/93_rehearsal.ipynb #30b70486
 def autocast_escape(call, autocast_bf16: bool) -> str:
@@ -201,6 +240,7 @@ def _call_record(c) -> dict:
             "matmul_dtypes": {k: round(f / total, 4) for k, f in c.matmul_flops.items()} if total else {},
             "sbuf_peak_bytes_per_partition": c.peak_sbuf_bytes, "psum_peak_bytes_per_partition": c.peak_psum_bytes,
             "instructions": c.engine_instructions, "max_program_instructions": c.max_program_instructions,
+            "hbm_bytes": c.hbm_bytes,
             "simulated": c.repeat_of is None, "launched": c.via, "passed": c.ok, "reason": c.reason}
 
 # %% ../nbs/93_rehearsal.ipynb #547fe865
@@ -223,7 +263,8 @@ def _rehearse_here(args: dict, log=print) -> dict:
     limit = int(args["hbm"] * (1 - args["margin"]))
     if args.get("plan"): return _plan_here(train, standin, nproc, limit, log)
     mcfg, tcfg = _on_chip(train, train.SETS, nproc)
-    mem, backends, failed = _trace_step(train, standin, mcfg, tcfg, nproc, set(), log)
+    work = {}
+    mem, backends, failed = _trace_step(train, standin, mcfg, tcfg, nproc, set(), log, work)
     bf16 = {"train step": tcfg.dtype == "bf16", "evaluation": tcfg.eval_dtype == "bf16"}
     for c in standin.calls:
         if c.ok and (why := autocast_escape(c, bf16.get(c.phase, False))): c.ok, c.reason = False, why
@@ -235,7 +276,7 @@ def _rehearse_here(args: dict, log=print) -> dict:
                          "eval_batch": [tcfg.eval_batch_size, tcfg.eval_seq_len]},
             "dtype": tcfg.dtype, "eval_dtype": tcfg.eval_dtype, "backends": backends,
             "fallbacks": {c.ops_op: c.reason for c in failed},
-            "kernel_calls": [_call_record(c) for c in standin.calls],
+            "kernel_calls": [_call_record(c) for c in standin.calls], "step_work": work,
             "memory": {"per_rank_bytes": mem, "hbm_bytes": args["hbm"], "margin": args["margin"], "limit_bytes": limit,
                        "fits": fits, "method": "MemTracker peak over two traced training steps on FakeTensors (CPU "
                                                 "operator semantics), then the evaluation and the scorer's forward"}}
@@ -343,6 +384,8 @@ def summary(rep: dict) -> str:
     return (f"{shape}: {len(calls)} kernel calls ({sum(c['simulated'] for c in calls)} simulated) pass, matmul inputs "
             f"{'/'.join(mm) or 'none'}; memory {peak / GiB:.2f} of {m['limit_bytes'] / GiB:.2f} GiB usable per rank "
             f"({m['hbm_bytes'] / GiB:.0f} GiB, {m['margin']:.0%} margin)"
+            + (f"; {rep['step_work']['kernel_share']:.0%} of a step's matmul FLOPs in our kernels"
+               if rep.get("step_work") else "")
             + (f"; not traced (data-dependent shapes): {', '.join(untraced)}" if untraced else ""))
 
 # %% ../nbs/93_rehearsal.ipynb #ee514658

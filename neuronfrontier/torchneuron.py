@@ -37,6 +37,7 @@ class KernelCall:
     peak_psum_bytes: int = 0
     engine_instructions: dict = field(default_factory=dict)
     max_program_instructions: int = 0    # of one logical core's program (the compiler's limit applies to it)
+    hbm_bytes: int = 0                   # HBM bytes its DMAs read and write (all its cores)
     repeat_of: int | None = None         # index of an earlier call with the same signature (simulated once)
     via: str = "wrap_nki"                # how it was launched: wrap_nki(kernel)[lnc], or kernel[lnc] directly
 
@@ -188,6 +189,7 @@ def _launch(self, kernel, lnc, *args, via="wrap_nki"):
         call.matmul_flops, call.engine_instructions = dict(tr.matmul_flops), dict(tr.engine_instructions)
         call.peak_sbuf_bytes, call.peak_psum_bytes = tr.peak_sbuf_bytes, tr.peak_psum_bytes
         call.max_program_instructions = tr.max_program_instructions
+        call.hbm_bytes = tr.hbm_read_bytes + tr.hbm_write_bytes
     if dry: self._memo[key] = (len(self.calls), None if out is None else _spec(out))
     self.calls.append(call)
     if not call.ok: raise KernelFailure(call)

@@ -209,3 +209,71 @@ def test_print_table(capsys):
 
 if __name__ == "__main__":  # run by torchrun from test_distributed_matches_single_process
     _torchrun_main(sys.argv[1], sys.argv[2])
+
+
+def _per_matrix_muon(params, grads_seq, lr=0.02, mu=0.95, wd=0.1, nesterov=True, ema=False, cautious=False):
+    "Muon written one matrix at a time (the form before the foreach updates), for the equality below."
+    bufs = [torch.zeros_like(p) for p in params]
+    for grads in grads_seq:
+        for p, g, b in zip(params, grads, bufs):
+            if ema:
+                b.lerp_(g, 1 - mu)
+                u = g.lerp(b, mu) if nesterov else b
+            else:
+                b.mul_(mu).add_(g)
+                u = g.add(b, alpha=mu) if nesterov else b
+            o = zeropower_via_newtonschulz5(u[None], 5, "quintic", torch.float32)[0]
+            scale = Muon.shape_scale(p.shape)
+            if cautious: p.sub_(p * (o * p >= 0), alpha=lr * scale * wd)
+            else: p.mul_(1 - lr * wd)
+            p.add_(o, alpha=-lr * scale)
+
+
+@pytest.mark.parametrize("ema,nesterov,cautious", [(False, True, False), (True, True, True), (False, False, True)])
+def test_foreach_muon_equals_the_per_matrix_form(ema, nesterov, cautious):
+    "The foreach momentum and update give the per-matrix optimizer's weights exactly, in both momentum forms."
+    torch.manual_seed(0)
+    shapes = [(32, 16), (16, 32), (32, 16), (24, 24)]
+    ref = [torch.randn(s) for s in shapes]
+    params = [nn.Parameter(p.clone()) for p in ref]
+    grads_seq = [[torch.randn(s) for s in shapes] for _ in range(3)]
+    opt = Muon(params, lr=0.02, momentum=0.95, weight_decay=0.1, nesterov=nesterov, ema=ema, cautious_wd=cautious,
+               ns_dtype=torch.float32, distributed=False)
+    for grads in grads_seq:
+        for p, g in zip(params, grads): p.grad = g.clone()
+        opt.step()
+    _per_matrix_muon(ref, grads_seq, nesterov=nesterov, ema=ema, cautious=cautious)
+    for p, r in zip(params, ref): assert torch.equal(p.detach(), r)
+
+
+def _elementwise_calls(n_matrices):
+    "aten elementwise arithmetic calls (not foreach) of one Muon step over `n_matrices` matrices of one shape."
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls = 0
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name.rstrip("_") in ("mul", "add", "sub", "lerp"): Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(16, 16)) for _ in range(n_matrices)]
+    for p in params: p.grad = torch.randn(16, 16)
+    opt = Muon(params, weight_decay=0.1, ns_dtype=torch.float32, distributed=False)
+    opt.step()   # creates the buffers
+    with Count(): opt.step()
+    return Count.calls
+
+
+def test_muon_elementwise_steps_do_not_grow_with_the_matrix_count():
+    """The momentum, decay and update run as foreach calls over a group (a bucket): doubling the matrices adds no
+    per-matrix elementwise launches (one per matrix and step each, five a matrix, before)."""
+    assert _elementwise_calls(8) == _elementwise_calls(4)
+
+
+def test_adamw_runs_foreach():
+    "AdamW's update is foreach on every device (PyTorch picks it itself only on the devices it knows)."
+    model = TinyGPT()
+    opts = build_optimizers(model, TrainConfig(), print_table=False)
+    assert opts[-1].defaults["foreach"] is True

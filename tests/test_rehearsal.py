@@ -39,6 +39,11 @@ def test_rehearsal_passes_the_export(micro):
     assert rep["backends"] == {"rms_norm": "nki", "swiglu": "nki", "relu2_mlp": "torch", "attention": "nki",
                                "cross_entropy": "nki", "moe_mlp": "torch"}
     calls = rep["kernel_calls"]
+    # where a step's work runs: per op its calls, FLOPs and bytes (the simulator's); PyTorch's FLOPs counted beside
+    w = rep["step_work"]
+    assert set(w["ops"]) == {"rms_norm", "swiglu", "attention", "cross_entropy"}
+    assert all(o["hbm_bytes"] > 0 for o in w["ops"].values()) and w["torch_matmul_flops"] > 0
+    assert 0.5 < w["kernel_share"] < 1 and "of a step's matmul FLOPs in our kernels" in rep["summary"]
     kinds = {(c["op"], c["direction"]) for c in calls}
     assert kinds == {(op, d) for op in ("rms_norm", "swiglu", "attention", "cross_entropy") for d in ("fwd", "bwd")}
     # the production shapes of a rank (2 × 512 tokens), and bf16 on the TensorEngine for every op autocast lowers
