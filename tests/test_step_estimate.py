@@ -68,3 +68,33 @@ def test_matmul_work_is_the_tensor_peak():
     w = matmul_work(1024, 1024, 1024)
     assert estimate_time(w) == pytest.approx(w.tensor_flops / 79e12, rel=0.01)   # 79 TFLOP/s bf16 per core
     assert estimate_time(w, breakdown=True)['serial'] > estimate_time(w)
+
+
+def test_step_estimate_accumulates_micro_batches_and_prices_pytorch_ops():
+    "accum: the micro-batch ops k times, the optimizer and collectives once; kernels=False: PyTorch's ops (assumption 7)."
+    cfg = ModelConfig(vocab_size=2048, d_model=256, n_layers=2, n_heads=4, d_head=64, d_mlp=768, seq_len=512)
+    one, four = step_estimate(cfg, batch=4), step_estimate(cfg, batch=4, accum=4)
+    for op in ('embedding', 'attention', 'MLP', 'norms & residual', 'loss'):
+        assert four['ops'][op]['total'] == pytest.approx(4 * one['ops'][op]['total']), op
+    for op in ('optimizer', 'collectives'): assert four['ops'][op] == one['ops'][op]
+    assert four['tokens_per_step'] == 4 * one['tokens_per_step'] and four['accum'] == 4
+    plain = step_estimate(cfg, batch=4, kernels=False)
+    assert plain['kernels'] is False and plain['ops']['optimizer'] == one['ops']['optimizer']
+    # PyTorch's attention scores every key (the masked half too) and writes the T × T scores through HBM
+    at, ak = plain['ops']['attention']['work'], one['ops']['attention']['work']
+    assert at.tensor_flops > ak.tensor_flops and at.hbm_bytes > ak.hbm_bytes
+    assert plain['ops']['loss']['work'].hbm_bytes > one['ops']['loss']['work'].hbm_bytes   # the fp32 logits
+
+
+def test_the_readme_step_table_is_the_commands_output():
+    "README.md's step-estimate table is what `python benchmarks/step_estimate.py --readme` writes (not stale)."
+    import importlib.util, re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("step_estimate_bench", root / "benchmarks" / "step_estimate.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    readme = (root / "README.md").read_text()
+    m = re.search(re.escape(bench.MARK[0]) + r"\n(.*?)\n" + re.escape(bench.MARK[1]), readme, re.S)
+    assert m, "README.md lost its step-estimate markers"
+    assert m.group(1) == bench.table(), "README's step table is stale: run python benchmarks/step_estimate.py --readme"

@@ -1,0 +1,72 @@
+"""The optimizer step of the default submission (trn2-124m, recipe trn2, LNC 1 × 8) on one trn2 chip: our roofline
+estimate with every op on PyTorch and with our kernels, beside the step FrontierForge measured on the chip.
+
+    python benchmarks/step_estimate.py            # print the table (markdown)
+    python benchmarks/step_estimate.py --readme   # and write it into README.md between its markers
+
+Every estimate is `cost.step_estimate` (a roofline estimate: no latencies, no host dispatch, engines overlapped within
+an op); the measured step is FrontierForge's (CHIP_EVIDENCE section 2: recipe K59 on chip C, runtime 2.34.10, median
+of 7 runs, 4 micro-batches of 65,536 tokens), not ours. Nothing here ran on Trainium.
+"""
+import argparse, re, sys
+from pathlib import Path
+
+from neuronfrontier.config import resolve
+from neuronfrontier.cost import step_estimate
+from neuronfrontier.train import rank_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+MARK = ("<!-- step-estimate: python benchmarks/step_estimate.py --readme -->", "<!-- /step-estimate -->")
+# FrontierForge, trn2-124m's shape (d9 × 1024, 4 q heads × 256, 1 KV head, 8 rows a rank, seq 1,024, LNC 1 × 8)
+MEASURED = dict(step_s=0.9270, k=4, source="FrontierForge K59, chip C (runtime 2.34.10), median of 7 runs "
+                                           "(CHIP_EVIDENCE §2; their measurement, not ours)")
+OPS = ("attention", "MLP", "norms & residual", "loss", "optimizer", "collectives", "embedding")
+
+
+def estimates(config: str = "trn2-124m", recipe: str = "trn2", world: int = 8) -> tuple[dict, dict, object]:
+    "The step estimates of `config` with PyTorch ops and with our kernels, at one rank's micro-batch and accumulation."
+    mcfg, tcfg = resolve(config, recipe)
+    rank = rank_batch(tcfg, mcfg.seq_len, world)
+    kw = dict(batch=rank.batch_size, accum=rank.grad_accum, world=world, optim=tcfg.optim)
+    return step_estimate(mcfg, kernels=False, **kw), step_estimate(mcfg, kernels=True, **kw), rank
+
+
+def table() -> str:
+    "The markdown table: per op and in all, milliseconds a step; tokens/s and MFU; the measured step beside."
+    torch_, ours, rank = estimates()
+    tokens = ours["tokens_per_step"]
+    head = ("| trn2-124m, one optimizer step of 262,144 tokens | " + " | ".join(OPS)
+            + " | step | tokens/s (chip) | MFU | kind |")
+    rows = [head, "|" + "---|" * (len(OPS) + 5)]
+    for name, e in (("every op on PyTorch", torch_), ("our kernels", ours)):
+        ms = " | ".join(f"{e['ops'][op]['total'] * 1e3:.1f}" for op in OPS)
+        rows.append(f"| {name} | {ms} | {e['step_s']:.3f} s | {e['tokens_per_s'] / 1e3:,.0f}k | {e['mfu']:.0%} | "
+                    f"roofline estimate |")
+    m = MEASURED
+    rows.append(f"| measured on trn2 | " + " | ".join("" for _ in OPS) + f" | {m['step_s']:.3f} s | "
+                f"{tokens / m['step_s'] / 1e3:,.0f}k | | {m['source']} |")
+    note = (f"Per rank: {rank.batch_size} rows × {ours['seq_len']:,} tokens × {rank.grad_accum} micro-batches, "
+            f"8 ranks; ms per step per NeuronCore. Kernels against PyTorch ops: "
+            f"{torch_['step_s'] / ours['step_s']:.2f}× (roofline estimate); the measured step is "
+            f"{m['step_s'] / ours['step_s']:.2f}× our kernels' estimate and {m['step_s'] / torch_['step_s']:.2f}× the "
+            f"PyTorch estimate (the measured code is compiled PyTorch with FrontierForge's own backward for the MLP).")
+    return "\n".join(rows) + "\n\n" + note
+
+
+def write_readme(text: str, path: Path = ROOT / "README.md") -> bool:
+    "Put `text` between the README's markers; True when the file changed."
+    src = path.read_text()
+    pat = re.compile(re.escape(MARK[0]) + r"\n.*?\n" + re.escape(MARK[1]), re.S)
+    if not pat.search(src): raise SystemExit(f"{path}: no {MARK[0]} … {MARK[1]} markers; add them where the table goes")
+    new = pat.sub(lambda _: f"{MARK[0]}\n{text}\n{MARK[1]}", src)
+    path.write_text(new)
+    return new != src
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--readme", action="store_true", help="write the table into README.md between its markers")
+    a = ap.parse_args()
+    out = table()
+    print(out)
+    if a.readme: print("README.md " + ("updated" if write_readme(out) else "already up to date"), file=sys.stderr)
