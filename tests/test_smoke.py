@@ -200,6 +200,9 @@ CALLS = {
     "neuronfrontier.kernels.cross_entropy": lambda data: _kernel_op(
         "cross_entropy", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 8, torch.randint(0, 256, (128,), generator=g)),
     "neuronfrontier.kernels.rmsnorm": lambda data: _kernel_op("rms_norm", torch.randn(128, 128, generator=g), torch.ones(128)),
+    "neuronfrontier.kernels.mlp": lambda data: _kernel_op(
+        "relu2_mlp", torch.randn(128, 128, generator=g), torch.randn(256, 128, generator=g) / 11,
+        torch.randn(128, 256, generator=g) / 16, leak=0.35),
     "neuronfrontier.kernels.moe": lambda data: _kernel_op(
         "moe_mlp", torch.randn(256, 128, generator=g), torch.randn(2, 128, 128, generator=g) / 11, torch.randn(2, 128, 128, generator=g) / 11,
         torch.randn(2, 128, 128, generator=g) / 11, torch.tensor([0, 1])),
