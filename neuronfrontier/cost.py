@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from .hw import TRN2, PMAX, estimate_time, mfu, get_device
 from .sim import nl, dry_run
-from .kernels import attention, rmsnorm, swiglu, cross_entropy
+from .kernels import attention, rmsnorm, swiglu, cross_entropy, mlp
 from .optim import ns_flops, muon_shapes
 
 # %% auto #0
@@ -78,7 +78,8 @@ def collective_work(nbytes, world, kind='all_reduce', itemsize=4) -> Work:
 
 # %% ../nbs/21_cost.ipynb #f9ff455f
 STEP_OPS = ('embedding', 'attention', 'MLP', 'norms & residual', 'loss', 'optimizer', 'collectives')
-KERNEL_OPS = ('attention', 'rmsnorm', 'swiglu', 'cross_entropy')   # the ops `kernel_work` traces
+# the ops `kernel_work` traces
+KERNEL_OPS = ('attention', 'rmsnorm', 'swiglu', 'relu2_mlp', 'cross_entropy')
 
 def _affine(run, n, n1):
     "Work at n tokens from runs at n1 and 2·n1 (a fixed part plus a per-token-tile part; assumption 3)."
@@ -90,7 +91,8 @@ _KERNEL_CACHE: dict = {}
 
 def kernel_work(name: str, *shape) -> Work:
     """bf16 `Work` of one call (forward + backward) of the kernel `name` on one core, traced by `dry_run` and cached:
-    'attention' (rows, T, d_head[, window]), 'rmsnorm' (N, d), 'swiglu' (N, d, F), 'cross_entropy' (N, d, V, softcap),
+    'attention' (rows, T, d_head[, window]), 'rmsnorm' (N, d), 'swiglu' and 'relu2_mlp' (N, d, F), 'cross_entropy'
+    (N, d, V, softcap),
     every vocabulary column real."""
     key = (name, *shape)
     if key in _KERNEL_CACHE: return _KERNEL_CACHE[key]
@@ -119,6 +121,13 @@ def kernel_work(name: str, *shape) -> Work:
         )
         bwd = lambda n: dry(swiglu.swiglu_bwd_kernel, bf(n, d), bf(F, d), bf(F, d), bf(n, F))
         w = w + bwd(nb) * (N // nb) + (bwd(N % nb) if N % nb else Work())
+    elif name == 'relu2_mlp':   # the forward one call (bf16 weights resident); the backward the wrapper's token chunks
+        N, d, F = shape
+        nb = mlp.bwd_chunk(d, 2)
+        w = _affine(lambda n: dry(mlp.relu2_mlp_fwd_kernel, bf(n, d), bf(F, d), bf(d, F), 0.35, False), N,
+                    min(N, 8 * PMAX))
+        bwd = lambda n: dry(mlp.relu2_mlp_bwd_kernel, bf(n, d), bf(F, d), bf(d, F), bf(n, d), 0.35)
+        w = w + bwd(nb) * (N // nb) + (bwd(N % nb) if N % nb else Work())
     elif (
         name == 'cross_entropy'
     ):  # linear in token blocks and in vocabulary tiles: extrapolated in both from 2 x 2 dry runs
@@ -132,7 +141,7 @@ def kernel_work(name: str, *shape) -> Work:
         w = sum(
             _affine(lambda v: _affine(lambda n: k(n, v), N, bt * PMAX), V, v1) for k, bt in ((fwd, bt_f), (bwd, bt_b))
         )
-    else: raise ValueError(f"kernel_work: unknown kernel {name!r}; use attention, rmsnorm, swiglu or cross_entropy")
+    else: raise ValueError(f"kernel_work: unknown kernel {name!r}; use one of {', '.join(KERNEL_OPS)}")
     _KERNEL_CACHE[key] = w
     return w
 

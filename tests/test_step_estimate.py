@@ -5,7 +5,7 @@ from neuronfrontier.config import ModelConfig
 from neuronfrontier.hw import estimate_time, mfu, PMAX
 from neuronfrontier.cost import Work, kernel_work, step_estimate, matmul_work, STEP_OPS
 from neuronfrontier.sim import REAL_NKI, nl, dry_run
-from neuronfrontier.kernels import rmsnorm as R, swiglu as S, cross_entropy as C
+from neuronfrontier.kernels import rmsnorm as R, swiglu as S, cross_entropy as C, mlp as M
 
 pytestmark = pytest.mark.skipif(REAL_NKI, reason="dry runs need the emulator")
 bf = lambda *s: np.empty(s, nl.bfloat16)
@@ -28,6 +28,11 @@ def test_token_parallel_kernels_extrapolate_exactly():
             + sum(Work.of(dry_run(S.swiglu_bwd_kernel[1])(bf(n, d), bf(F, d), bf(F, d), bf(n, F)))
                   for n in [nb] * (N // nb) + ([N % nb] if N % nb else [])))
     _close(kernel_work('swiglu', N, d, F), full)
+    nb = M.bwd_chunk(d, 2)   # the fused ReLU² MLP: one forward call, the backward in the wrapper's chunks
+    full = (Work.of(dry_run(M.relu2_mlp_fwd_kernel[1])(bf(N, d), bf(F, d), bf(d, F), 0.35, False))
+            + sum(Work.of(dry_run(M.relu2_mlp_bwd_kernel[1])(bf(n, d), bf(F, d), bf(d, F), bf(n, d), 0.35))
+                  for n in [nb] * (N // nb) + ([N % nb] if N % nb else [])))
+    _close(kernel_work('relu2_mlp', N, d, F), full)
 
 
 def test_cross_entropy_extrapolates_in_blocks_and_vocabulary():
