@@ -68,6 +68,7 @@ def test_four_sharded_ranks_train_what_one_process_trains(pydocs, runs):
     assert all("second_moment" in st for st in muon.values())
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_killed_sharded_run_resumes_bit_identically(pydocs, tmp_path, runs):
     "kill -9 of a 4-rank sharded run at some step; --resume continues from its consolidated checkpoint, bit for bit."
     import subprocess, sys

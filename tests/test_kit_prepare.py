@@ -1,3 +1,4 @@
+import pytest
 """The organisers' interface as our stand-in prepare.py implements it (nbs/32_kit_prepare): the scorer's number against
 `neuronfrontier eval --official`, the kit's token_bytes table, the kit lineage's forward."""
 import json, os, subprocess, sys
@@ -71,6 +72,7 @@ def test_the_kit_lineage_forward():
     assert per_token.shape == (64,) and torch.allclose(per_token.mean(), m(x, y), atol=1e-6)
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_an_export_runs_as_the_organisers_run_it(pydocs, tmp_path):
     """The done-when of issue 35: a cpu-micro export with the stand-in prepare.py beside it, launched by its launch line
     (2 processes, no flags) after a 20 s start-up delay: out/final.pt written, every step boundary reported by every
@@ -115,6 +117,7 @@ def test_an_export_runs_as_the_organisers_run_it(pydocs, tmp_path):
     assert abs(printed - theirs) < 1e-3, (printed, theirs)
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_kit_whose_loader_fails_falls_back_to_the_baked_shards(pydocs, tmp_path):
     "A prepare.py whose make_dataloader raises: train.py says so in a line, trains on the baked shards, and is scored."
     d = tmp_path / "sub"

@@ -1,3 +1,4 @@
+import pytest
 "Many machines (`--nnodes`, `--node-rank`, `--rdzv-endpoint`): two 'machines' of one process each on localhost."
 import json, socket, subprocess, sys
 from pathlib import Path
@@ -39,6 +40,7 @@ def test_bad_machine_flags_fail_in_one_line(tmp_path, pydocs):
     assert r.returncode == 2 and "do not apply to sweep" in r.stderr, r.stderr
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_two_machines_on_localhost_train_and_checkpoint(pydocs, tmp_path):
     "The same command on two 'machines' (two launchers of one process each, one c10d rendezvous): one 2-rank job."
     out, port = tmp_path / "run", _free_port()

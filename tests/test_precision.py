@@ -51,6 +51,7 @@ def test_the_rule_needs_the_report_and_the_timing():
     assert not bf16_is_native(converting, 0.6, 0.55)   # however its timing comes out
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_an_avx2_cpu_trains_in_fp32_and_says_why(pydocs, tmp_path):
     """A real emulating CPU: an interpreter that dispatches as an AVX2 CPU (precision.AVX2_ENV) probes bf16 as slow,
     trains in fp32 and says so in its header line and result.json; `--set dtype=bf16` there warns once and keeps bf16."""
@@ -120,6 +121,7 @@ def test_ranks_train_in_one_dtype(pydocs, tmp_path):
     assert "another rank has no native bf16" in r0["precision"]["why"]
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_resumed_run_keeps_its_dtype(pydocs, tmp_path):
     "A run started in the dtype auto would not pick here, resumed with dtype=auto, continues in the one it started in."
     other = "fp32" if choose_precision("auto", "cpu").dtype == "bf16" else "bf16"

@@ -83,6 +83,7 @@ def test_a_trn2_rule_broken_only_at_a_large_shape(micro, tmp_path):
     assert rep["backends"]["rms_norm"] == "torch"
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_step_that_does_not_fit_one_ranks_hbm(micro, tmp_path):
     "The same export against 32 MiB of HBM a rank fails on memory, by the CLI too (exit 1); the plan finds what fits."
     rep = rehearse(micro, nproc=2, lnc=1, out=tmp_path / "r.json", hbm_bytes=32 * 2**20)
@@ -112,6 +113,7 @@ def test_an_op_that_escapes_autocast(micro, tmp_path):
     for c in bad: assert c["matmul_dtypes"] == {"float32": 1.0} and "float32 matmuls under bf16 autocast" in c["reason"]
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
     """The backward as the previous release launched it — every token of the rank in one call — at d_model 768
     (dense-124m's width) and 4,096 tokens a rank: its own SBUF precondition refuses it; the rehearsal names it."""

@@ -38,6 +38,7 @@ def test_a_bad_nf_fault_is_one_line(pydocs, tmp_path, monkeypatch):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_preflight_keeps_pytorch_for_a_failing_and_a_wrong_kernel(pydocs, tmp_path, faults):
     "kernel-error and kernel-mismatch stand-ins: the preflight refuses both, the run trains on PyTorch and says why."
     faults("kernel-error:swiglu,kernel-mismatch:attention")
@@ -60,6 +61,7 @@ def test_preflight_keeps_a_kernel_that_runs_matches_and_is_faster(pydocs, tmp_pa
         assert d["backend"] == "nki" and "x PyTorch's speed" in d["reason"] and d["impl_ms"] < d["torch_ms"], d
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_nan_rolls_back_lowers_the_rate_and_trains_on(pydocs, tmp_path, faults):
     faults("nan@12")
     r = T.train("cpu-micro", pydocs, tmp_path / "r", steps=60, sets=FAST + ["snapshot_every=5", "log_every=4"], verbose=False)
@@ -217,7 +219,7 @@ def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, bud
         assert res["warmup_s"] >= 30 and max(lrs[:6]) < 0.25 and lrs[6:10] == sorted(lrs[6:10]), lrs[:10]
 
 
-@pytest.mark.parametrize("fault", ["kernel-import", "kernel-variant:rms_norm"])
+@pytest.mark.parametrize("fault", ["kernel-import", pytest.param("kernel-variant:rms_norm", marks=pytest.mark.slow)])
 def test_an_exported_submission_survives_kernels_that_fail_late(pydocs, tmp_path, fault):
     """A kernel module that raises when imported, and a kernel that passes the preflight and fails at its second
     variant (rms_norm: d_model, then the QK-norm at d_head): the op falls back to PyTorch, the run ends with a finite

@@ -110,6 +110,7 @@ def _losses(run_dir):
     return [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_a_pooled_run_resumes_to_the_same_losses(pydocs, tmp_path):
     """cpu-micro with a pool of 2 micro-batches from micro-batch 1, stopped at step 2 (inside the first pool) and
     resumed: the losses of the straight run, step for step."""

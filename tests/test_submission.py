@@ -64,6 +64,7 @@ def test_an_moe_submission_trains_and_ships_the_expert_kernel(pydocs, tmp_path):
     assert res["config_name"] == "cpu-tiny-moe" and res["config"]["model"]["n_experts"] == 8 and res["steps"] == 2
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_exported_train_py_matches_neuronfrontier_train(sub, pydocs, tmp_path):
     "Same seed, same config, 10 steps on the CPU: the same losses, step for step, and the same val_bpb."
     d, _ = sub

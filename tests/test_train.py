@@ -177,6 +177,7 @@ def test_compile_matches_eager_cpu_tiny(dtype):
     assert (gc - ge).norm() / ge.norm() < tol, ((gc - ge).norm() / ge.norm()).item()
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
     """lr=1e9 under AdamW: the softcap keeps the loss finite at ln V; that is divergence. Each time it rolls back to the
     last finite state at half the learning rate; after max_rollbacks it stops: exit 1, the last finite state saved."""
@@ -191,6 +192,7 @@ def test_blown_up_run_is_diverged_not_completed(pydocs, tmp_path):
     assert all(torch.isfinite(p).all() for p in m.parameters()) and 0 < res["val_bpb"] < 20
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_nan_between_log_steps_never_overwrites_good_checkpoints(pydocs, tmp_path, monkeypatch):
     out = tmp_path / "run"
     T.train("cpu-micro", pydocs, out, steps=5, sets=FAST, verbose=False)
@@ -287,6 +289,7 @@ def test_every_preset_trains_at_least_at_its_scored_length():
         resolve("cpu-tiny", sets=["seq_len=256"])
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_scoring_at_the_eval_length_is_not_worse_than_at_half_of_it(pydocs, tmp_path):
     "The same targets scored in full 512-token rows and in 256-token halves: the longer context must not cost bpb."
     T.train("cpu-micro", pydocs, tmp_path / "r", steps=60, sets=FAST, verbose=False)
