@@ -93,7 +93,7 @@ class ShapeSettings:
     d_model: int = 768         # width of the residual stream
     n_layers: int = 12         # transformer blocks
     n_heads: int = 12          # attention heads per block
-    d_head: int = 64           # 64, 128 or 256 (the NKI attention kernel: 64 or 128); n_heads*d_head: attention width
+    d_head: int = 64           # 64, 128 or 256 (each the NKI attention kernel takes); n_heads*d_head: attention width
     n_kv_heads: int = 0        # K/V heads, each shared by n_heads/n_kv_heads query heads (GQA); 0: n_heads (MHA)
     d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
     seq_len: int = 1024        # training context length: at least the length the model is scored at
@@ -679,9 +679,7 @@ RECIPES: dict[str, list[str]] = {
         # batch: from micro-batch 96 on, rows drawn without replacement from pools of 256 micro-batches, salt 4
         "row_pool=256", "row_pool_from=96", "row_pool_salt=4",
         # objective: the next three tokens, faded to the next one by 45% of the run
-        "mtp_weights=1,0.5,0.25", "mtp_fade=0.2,0.45", "mtp_stages=4",
-        # execution: the NKI attention kernel takes heads of 64 or 128; heads of 256 run PyTorch's
-        "kernels=attention=torch"],
+        "mtp_weights=1,0.5,0.25", "mtp_fade=0.2,0.45", "mtp_stages=4"],
 }
 
 # shapes a recipe derives from the preset's width, unless `--set` names them (the kit: heads of 128, an MLP of 4·d)

@@ -84,8 +84,10 @@ class Attention(nn.Module):
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.slow_from is not None: k = offset_keys(k, self.slow_from)
-        if self.n_kv_heads < self.n_heads:   # GQA: each K/V head serves n_heads/n_kv_heads neighbouring query heads
-            k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2) for t in (k, v))
+        # GQA: each K/V head serves n_heads/n_kv_heads neighbouring query heads; ops.attention takes k and v with
+        # their own head counts. A value embedding is per query head, so where one mixes in, V is repeated first
+        if ve is not None and self.n_kv_heads < self.n_heads:
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2)
         if ve is not None and self.ve_mix is not None: v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view_as(v)
         elif ve is not None:  # value embedding (a slice per query head), scaled per head by 2·sigmoid(gate), 1 at init
             v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)

@@ -193,8 +193,10 @@ def relu2_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, leak: f
 # %% ../nbs/03_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
               window: int | None = None) -> torch.Tensor:
-    """softmax(q kᵀ/√d_head + causal mask) v for q, k, v of shape [B, H, T, d_head]; with `window` W, query i sees
-    only keys i−W … i (FlashAttention's `window_size=(W, 0)`). A window that covers the sequence is full attention."""
+    """softmax(q kᵀ/√d_head + causal mask) v for q [B, H, T, d_head], k [B, Hk, T, d_head], v [B, Hv, T, d_head];
+    Hk and Hv divide H (grouped-query attention; H itself: multi-head): query head h reads K head h // (H/Hk) and V
+    head h // (H/Hv), as if k and v were `repeat_interleave`d to H heads. With `window` W, query i sees only keys
+    i−W … i (FlashAttention's `window_size=(W, 0)`). A window that covers the sequence is full attention."""
     T = q.shape[-2]
     if window is None or window >= T - 1:
         return _call("attention", q, k, v, causal=causal)
@@ -236,6 +238,11 @@ def relu2_mlp_torch(x, w_up, w_down, leak=0.0):
 # %% ../nbs/03_ops.ipynb #8b78dd6c
 @register("attention", "torch")
 def attention_torch(q, k, v, causal=True, window=None):
+    H = q.shape[1]
+    if H % k.shape[1] or H % v.shape[1]:
+        raise ValueError(f"ops.attention: {k.shape[1]} K heads and {v.shape[1]} V heads must divide {H} query heads")
+    # grouped-query: each K/V head repeated for the H/Hk (H/Hv) neighbouring query heads it serves
+    k, v = (x if x.shape[1] == H else x.repeat_interleave(H // x.shape[1], dim=1) for x in (k, v))
     if window is None: return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], window, q.device))
 

@@ -143,7 +143,9 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
         "key_offset": f"{FF}: radius 0.3 rad, -0.0013 (FF log), no measurable cost (FF first-principles note)",
         "window_pattern": f"{FF}: no sliding window in the recipe (CHIP_EVIDENCE 5)",
         "n_kv_heads": f"{FF}: 1 K/V head; 2 lost 0.0057 on the chip (FF FINDINGS)",
-        "n_heads": f"{FF}: 4 query heads", "d_head": f"{FF}: d_model / 4 (256 at 1,024)", "d_mlp": f"{FF}: 4 x d_model",
+        "n_heads": f"{FF}: 4 query heads", "d_mlp": f"{FF}: 4 x d_model",
+        "d_head": f"{FF}: d_model / 4 (256 at 1,024; the NKI attention kernel takes heads of 256 on a shared K/V head, "
+                  "14_kernel_attention)",
         "weight_decay": f"{FF}: 0.02, cautious, on Muon's matrices only",
         "embed_lr": f"{FF}: 0.3 x AdamW scale 1.4142 (then x (d/768)^-0.5 with lr_width_scale)",
         "head_lr": f"{FF}: 0.006 x 1.4142 (then x (d/768)^-0.5)", "scalar_lr": f"{FF}: 0.2 x 1.4142",
@@ -172,8 +174,6 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
         "ema_blend": f"{FF}: saved weights 0.6 x EMA + 0.4 x trained",
         "row_pool_from": f"{FF}: from micro-batch 96 (recipes/K82s4/train.py)",
         "row_pool_salt": f"{FF}: salt 4 (K82s7, salt 7, scored 0.9613955 vs 0.9613617: salt sd ~0.0003)",
-        "kernels": "ours: the NKI attention kernel takes d_head 64 or 128 (14_kernel_attention); heads of 256 run "
-                   "PyTorch's attention, every other op auto",
     },
 }
 

@@ -117,7 +117,7 @@ def test_crossover_lies_past_the_trained_lengths():
 
 
 @pytest.mark.parametrize("shape,causal,msg", [
-    ((1, 1, 200, 64), True, "multiple of 128"), ((1, 1, 128, 32), True, "64 or 128"),
+    ((1, 1, 200, 64), True, "multiple of 128"), ((1, 1, 128, 32), True, "64, 128 or 256"),
     ((1, 1, 128, 64), False, "causal=False"), ((128, 64), True, "[B, H, T, d_head]"),
 ])
 def test_rejects(shape, causal, msg):
@@ -281,3 +281,213 @@ def test_window_at_the_kit_dense_124m_shape():
     ref = _window_grads(*(x.bfloat16().float() for x in (q, k, v)), do, W, "torch")
     for a, b in zip([y.detach()] + [x.grad for x in xs], ref):
         assert (a.float() - b).abs().max() / b.abs().max() < TOL[torch.bfloat16]
+
+
+# Grouped-query attention (K/V heads shared by query heads) and heads of 256: the trn2-124m shape.
+
+def _gqa_inputs(B, H, Hk, Hv, T, d, dtype, seed):
+    "Seeded q [B, H, T, d], k [B, Hk, T, d], v [B, Hv, T, d] and an upstream gradient, in `dtype`."
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(B, h, T, d, generator=g).to(dtype) for h in (H, Hk, Hv, H))
+    return q, k, v, do
+
+
+def _gqa_reference(q, k, v, do, window=None):
+    "fp32 SDPA on K/V repeated per query head (repeat_interleave, as the model did): output and q, k, v gradients."
+    xs = [x.float().requires_grad_() for x in (q, k, v)]
+    H = q.shape[1]
+    kk, vv = (x.repeat_interleave(H // x.shape[1], dim=1) for x in xs[1:])
+    mask = None if window is None else ops.window_mask(q.shape[2], window)
+    y = F.scaled_dot_product_attention(xs[0], kk, vv, is_causal=mask is None, attn_mask=mask)
+    y.backward(do.float())
+    return [y.detach()] + [x.grad for x in xs]
+
+
+def _gqa_errors(q, k, v, do, window=None, backend="nki-sim"):
+    "max|a − b| / max|b| of ops.attention's output and gradients (on `backend`) against `_gqa_reference`."
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    with ops.use_backend(f"attention={backend}"):
+        y = ops.attention(*xs, window=window)
+    y.backward(do.to(y.dtype))
+    got = [y.detach()] + [x.grad for x in xs]
+    return [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, _gqa_reference(q, k, v, do, window))]
+
+
+@pytest.mark.parametrize("B,H,Hk,Hv,T,d,W,dtype", [
+    (1, 4, 1, 1, 384, 256, None, torch.float32),   # the production head shape: 4 heads of 256 on one K/V head
+    (1, 4, 1, 1, 384, 256, None, torch.bfloat16),
+    (2, 4, 2, 2, 256, 128, None, torch.bfloat16),  # two K/V heads, each shared by two query heads
+    (1, 4, 1, 4, 256, 256, None, torch.float32),   # a value-embedding layer: one K head, a V head per query head
+    (1, 4, 1, 4, 256, 256, None, torch.bfloat16),
+    (1, 4, 2, 2, 640, 64, 200, torch.float32),     # windows, off a tile boundary
+    (1, 4, 1, 1, 512, 256, 256, torch.bfloat16),   # windows at d 256, on a boundary
+    (2, 4, 1, 4, 384, 128, 100, torch.float32),
+])
+def test_gqa_matches_repeated_kv_sdpa(B, H, Hk, Hv, T, d, W, dtype):
+    "ops.attention with K/V heads shared by query heads, forward and backward, against SDPA on repeated K/V (fp32)."
+    errs = _gqa_errors(*_gqa_inputs(B, H, Hk, Hv, T, d, dtype, seed=T + d + Hk), window=W)
+    assert max(errs) < TOL[dtype], errs
+
+
+def test_gqa_through_the_torch_backend_is_the_model_s_repeat():
+    "The torch backend repeats the K/V heads itself: bit for bit SDPA on K/V the caller repeated, gradients included."
+    q, k, v, do = _gqa_inputs(2, 4, 2, 4, 64, 32, torch.float32, seed=1)
+    errs = _gqa_errors(q, k, v, do, backend="torch")
+    assert errs == [0.0] * 4, errs
+
+
+def _dry_traces(B, H, Hk, Hv, T, d, lnc=1, s=2, budget=0):
+    "Dry-run traces of both kernels on bf16 (s=2) or fp32 arrays of the GQA shape; no values are computed."
+    dt = nl.bfloat16 if s == 2 else np.float32
+    a = lambda *sh: np.empty(sh, dt)
+    f32 = lambda *sh: np.empty(sh, np.float32)
+    fwd = traffic(flash_fwd_kernel[lnc], a(B * H, d, T), a(B * Hk, d, T), a(B * Hv, T, d), budget, dry=True)
+    bwd = traffic(flash_bwd_kernel[lnc], a(B * H, d, T), a(B * Hk, d, T), a(B * Hv, T, d), a(B * H, T, d),
+                  f32(B * H, T, 1), f32(B * H, T, 1), budget, dry=True)
+    return dict(fwd=fwd, bwd=bwd)
+
+
+@pytest.mark.parametrize("Hk,Hv", [(1, 1), (2, 2), (1, 4)])
+def test_gqa_reads_each_kv_head_once(Hk, Hv):
+    """Each K/V head is loaded once per group and serves its query heads from SBUF; dK/dV are summed over the group
+    on chip and written once: the HBM traffic is the compulsory one, every tensor once with its own head count."""
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    B, H, T, d = 2, 4, 512, 256
+    t = _dry_traces(B, H, Hk, Hv, T, d)
+    want = hbm_traffic(B * H, T, d, 2, True, H // Hk, H // Hv)
+    q_bytes, k_bytes, v_bytes = (B * h * T * d * 2 for h in (H, Hk, Hv))
+    assert want["fwd"] == dict(read=q_bytes + k_bytes + v_bytes, written=q_bytes + B * H * T * 4)
+    assert want["bwd"] == dict(read=2 * q_bytes + k_bytes + v_bytes + 2 * B * H * T * 4,
+                               written=q_bytes + k_bytes + v_bytes)
+    for kind in ("fwd", "bwd"):
+        assert dict(read=t[kind].hbm_read_bytes, written=t[kind].hbm_write_bytes) == want[kind], kind
+    assert "dma_compute" not in t["bwd"].instructions
+
+
+@pytest.mark.parametrize("Hv", [1, 4])
+def test_production_shape_is_compulsory_traffic_and_fits(Hv):
+    """trn2-124m as a rank sees it: 8 rows × 1,024 tokens, 4 query heads of 256 on one K head (Hv = 4: a value-embedding
+    layer), bf16, two logical cores: HBM bytes within 1.1× of compulsory (exactly it), the SBUF plan above the
+    measured peak and inside the budget, PSUM within its 8 banks, instructions far below the compiler's limit."""
+    from neuronfrontier.config import resolve
+    from neuronfrontier.hw import INSTRUCTION_LIMIT
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    m, t = resolve("trn2-124m")
+    B, H, Hk, T, d = t.batch_size, m.n_heads, m.kv_heads, m.seq_len, m.d_head
+    assert (B, H, Hk, T, d) == (8, 4, 1, 1024, 256)
+    tr = _dry_traces(B, H, Hk, Hv, T, d, lnc=2)
+    comp = hbm_traffic(B * H, T, d, 2, True, H // Hk, H // Hv)
+    for kind in ("fwd", "bwd"):
+        ratio = tr[kind].hbm_bytes / (comp[kind]["read"] + comp[kind]["written"])
+        assert ratio <= 1.1 and ratio == 1.0, (kind, ratio)
+        assert kv_resident(kind, T, d, 2, group=H // Hk, v_heads=Hv // Hk)
+        plan = sbuf_bytes(kind, T, d, 2, True, H // Hk, Hv // Hk)
+        assert tr[kind].peak_sbuf_bytes == plan <= nl.tile_size.total_available_sbuf_size, (kind, plan)
+        assert tr[kind].peak_psum_bytes <= 16 * 1024
+        assert tr[kind].max_program_instructions < INSTRUCTION_LIMIT / 100, kind
+
+
+def test_head_256_sums_qk_over_two_partition_chunks():
+    "d = 256: the score (and, backward, dP) matmuls contract over two 128-partition chunks accumulated in PSUM."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    T, n = 640, 5
+    pairs = n * (n + 1) // 2
+    t = _dry_traces(1, 1, 1, 1, T, 256)
+    assert t["fwd"].instructions["nc_matmul"] == 2 * 6 + pairs     # 6 key blocks × 2 chunks; P V per 128-key chunk
+    assert t["bwd"].instructions["nc_matmul"] == 7 * pairs         # S and dP twice, dV, dK, dQ once per pair
+    assert t["bwd"].instructions["nc_transpose"] == pairs + 4 * 2 * n   # dSᵀ per pair; Q, dOᵀ, K, Vᵀ in two chunks
+
+
+def test_gqa_streaming_fallback_is_bit_identical():
+    "A budget below the resident plans: both kernels stream, with the same bits and the streaming traffic formula."
+    if REAL_NKI: pytest.skip("Trace needs the emulator")
+    B, H, Hk, Hv, T, d = 1, 4, 1, 4, 640, 256   # at T = 640 the forward's streaming plan is the smaller one
+    q, k, v, do = (x[0].contiguous() for x in _gqa_inputs(1, B * H, B * Hk, B * Hv, T, d, torch.float32, seed=2))
+    qT, kT = (x.transpose(1, 2).contiguous() for x in (q, k))
+    o, lse = simulate(flash_fwd_kernel[1])(qT, kT, v)
+    args = {"fwd": (qT, kT, v), "bwd": (qT, kT, v, do, lse, (do * o).sum(-1, keepdim=True))}
+    for kind, kern in (("fwd", flash_fwd_kernel), ("bwd", flash_bwd_kernel)):
+        budget = sbuf_bytes(kind, T, d, 4, True, H // Hk, Hv // Hk) - 1
+        assert not kv_resident(kind, T, d, 4, budget, H // Hk, Hv // Hk)
+        res, st = simulate(kern[1])(*args[kind]), simulate(kern[1])(*args[kind], budget)
+        assert all(torch.equal(a, b) for a, b in zip(res, st)), kind
+        want = hbm_traffic(B * H, T, d, 4, False, H // Hk, H // Hv)[kind]
+        assert (last_trace().hbm_read_bytes, last_trace().hbm_write_bytes) == (want["read"], want["written"]), kind
+
+
+@pytest.mark.parametrize("lnc", ["1", "2"])
+def test_gqa_on_one_or_two_logical_cores(monkeypatch, lnc):
+    "Three K/V groups (B = 3, one K/V head): all on one core, or 1 + 2 on two; the same bits either way."
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", lnc)
+    q, k, v, do = _gqa_inputs(3, 4, 1, 1, 256, 256, torch.bfloat16, seed=4)
+    errs = _gqa_errors(q, k, v, do)
+    assert max(errs) < TOL[torch.bfloat16], errs
+    assert last_trace().lnc == int(lnc) and len(last_trace().program_instructions) == int(lnc)
+    if lnc == "2":
+        monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+        assert _gqa_errors(q, k, v, do) == errs
+
+
+def test_offset_keys_need_nothing_of_the_kernel():
+    """The rotary key offset (trn2's key_offset) is applied to k by the model before ops.attention: the kernels see
+    ordinary keys. A trn2-124m attention layer (heads of 256 on one K/V head, QK-norm, rotary, offset keys) forward and
+    backward on nki-sim against torch, fp32."""
+    from neuronfrontier.config import resolve
+    from neuronfrontier.model import Attention, rope_tables
+    m, _ = resolve("trn2-124m", sets=["seq_len=256", "eval_seq_len=256"])
+    assert m.key_offset and (m.n_heads, m.kv_heads, m.d_head) == (4, 1, 256)
+    torch.manual_seed(0)
+    layer = Attention(m)
+    assert layer.slow_from is not None and layer.slow_from < m.d_head // 2   # some channels are offset
+    x = torch.randn(1, m.seq_len, m.d_model)
+    cos, sin = rope_tables(m.seq_len, m.d_head, m.rope_base)
+    runs = []
+    for backend in ("nki-sim", "torch"):
+        layer.zero_grad()
+        xx = x.clone().requires_grad_()
+        with ops.use_backend(f"attention={backend}"):
+            y = layer(xx, cos, sin)
+        y.square().sum().backward()
+        runs.append([y.detach(), xx.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
+    for a, b in zip(*runs):
+        assert ((a - b).abs().max() / b.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("q_heads,k_heads,v_heads,msg", [
+    (4, 3, 3, "must divide"), (4, 2, 1, "must divide"), (4, 1, 3, "must divide"),
+])
+def test_rejects_head_counts_that_do_not_nest(q_heads, k_heads, v_heads, msg):
+    with pytest.raises(ValueError, match=r"ops.attention \(nki-sim\)") as e:
+        attention_nki_sim(*(torch.zeros(1, h, 128, 64) for h in (q_heads, k_heads, v_heads)))
+    assert msg in str(e.value)
+
+
+def test_gqa_through_the_custom_op_stand_in(fake_torch_neuronx):
+    """The `nki` backend's custom ops take K and V with their own head counts, and return their gradients so (with
+    the fallback to PyTorch off: a kernel that raises fails the test)."""
+    with ops.isolated():
+        ops.set_fallback(False)
+        assert _register_nki(fake_torch_neuronx)
+        for Hk, Hv in ((1, 4), (2, 2)):
+            q, k, v, do = _gqa_inputs(1, 4, Hk, Hv, 256, 256, torch.float32, seed=6)
+            errs = _gqa_errors(q, k, v, do, window=100, backend="nki")
+            assert max(errs) < TOL[torch.float32], errs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("Hv", [1, 4])
+def test_production_shape_forward_and_backward_bf16(Hv):
+    """The full call of a trn2-124m rank: 8 rows × 1,024 tokens, 4 query heads of 256 on one K head (Hv = 4: a
+    value-embedding layer), bf16 as autocast gives it, forward and backward against fp32 SDPA on repeated K/V; within
+    the bf16 tolerance and within 3× of PyTorch's own bf16 attention."""
+    q, k, v, do = _gqa_inputs(8, 4, 1, Hv, 1024, 256, torch.float32, seed=8)
+    xs = [x.clone().requires_grad_() for x in (q, k, v)]
+    with ops.use_backend("attention=nki-sim"), torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.attention(*xs)
+    assert y.dtype == torch.bfloat16
+    y.float().backward(do)
+    ref = _gqa_reference(*(x.bfloat16() for x in (q, k, v)), do)
+    errs = [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip([y.detach()] + [x.grad for x in xs], ref)]
+    base = _gqa_errors(*(x.bfloat16() for x in (q, k, v, do)), backend="torch")
+    print("nki-sim", errs, "torch bf16", base)
+    assert max(errs) < TOL[torch.bfloat16] and max(errs) < 3 * max(base), (errs, base)

@@ -87,6 +87,56 @@ def test_gqa_equals_mha_with_repeated_kv_heads(kv):
     assert g.cfg.n_params() < mha.cfg.n_params()
 
 
+def _repeating_forward(self, x, cos, sin, ve=None):
+    "Attention.forward as it was when the model repeated K and V per query head before ops.attention: the reference."
+    from neuronfrontier.model import apply_rope, offset_keys
+    B, T, _ = x.shape
+    q = self.wq(x).view(B, T, self.n_heads, self.d_head)
+    k, v = (w(x).view(B, T, self.n_kv_heads, self.d_head) for w in (self.wk, self.wv))
+    if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if self.slow_from is not None: k = offset_keys(k, self.slow_from)
+    if self.n_kv_heads < self.n_heads:
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv_heads, dim=2) for t in (k, v))
+    if ve is not None and self.ve_mix is not None: v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view_as(v)
+    elif ve is not None:
+        v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
+    y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
+    return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("recipe,sets", [
+    ("trn2", ["n_layers=3", "window_pattern=SL", "d_model=256", "d_head=256", "d_mlp=256", "seq_len=128", "eval_seq_len=128",
+              "vocab_size=256"]),                                  # heads of 256 on one K/V head; VE mixed by scalars
+    ("kit", ["n_layers=2", "n_heads=4", "n_kv_heads=2", "d_head=64", "d_model=256", "d_mlp=256", "ve_layers=1",
+             "seq_len=128", "eval_seq_len=128", "vocab_size=256"]),  # two K/V heads; VE gated
+])
+def test_gqa_attention_gets_unrepeated_kv_and_the_same_bits(recipe, sets):
+    """GQA layers hand ops.attention K with its own heads, and V too where no value embedding mixes in (there V is
+    repeated per query head first); the torch backend repeats them itself: loss and gradients bit for bit those of the
+    model that repeated K and V, in fp32 and under bf16 autocast."""
+    import types
+    cfg, _ = resolve("trn2-124m", recipe, sets)
+    assert cfg.kv_heads < cfg.n_heads
+    idx = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len + 1), generator=torch.Generator().manual_seed(1))
+    for autocast in (False, True):
+        runs, heads = [], []
+        for repeating in (True, False):
+            torch.manual_seed(0)
+            g = GPT(cfg)
+            if repeating:
+                for b in g.blocks: b.attn.forward = types.MethodType(_repeating_forward, b.attn)
+            record = lambda op, args, kw: heads.append((args[1].shape[1], args[2].shape[1])) if not repeating else None
+            with ops.use_backend("torch"), ops.watched(["attention"], record), \
+                    torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = g.loss(idx[:, :-1], idx[:, 1:])
+            loss.backward()
+            runs.append([loss.detach()] + [p.grad for p in g.parameters() if p.grad is not None])
+        assert all(torch.equal(a, b) for a, b in zip(*runs)), autocast
+        ve = [cfg.has_ve(i) for i in range(cfg.n_layers)]
+        assert heads == [(cfg.kv_heads, cfg.n_heads if v else cfg.kv_heads) for v in ve], heads
+
+
 def test_head_width_256_runs_and_the_kernel_shapes_are_refused_by_name():
     cfg = ModelConfig(vocab_size=300, d_model=256, n_layers=1, n_heads=1, d_head=256, d_mlp=256, seq_len=128)
     g = GPT(cfg.validate())

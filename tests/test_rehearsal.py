@@ -157,3 +157,11 @@ def test_the_default_export_is_trn2_124m_and_rehearses(tmp_path):
     rep = json.loads((tmp_path / "sub" / "rehearsal.json").read_text())
     assert rep["per_rank"]["batch_size"] * rep["per_rank"]["grad_accum"] == 32 and rep["per_rank"]["seq_len"] == 1024
     assert rep["per_rank"]["grad_accum"] % 4 == 0   # the batch warm-up's quarter step is a whole micro-batch
+    # attention on the NKI kernels: 4 query heads of 256 on one K/V head (V per query head in the value-embedding
+    # layers), every call passing in bf16
+    assert rep["backends"]["attention"] == "nki" and not rep["fallbacks"]
+    calls = [c for c in rep["kernel_calls"] if c["op"] == "attention"]
+    assert {c["direction"] for c in calls} == {"fwd", "bwd"} and all(c["passed"] for c in calls)
+    assert {tuple(c["args"][1]["shape"]) for c in calls} == {(8, 256, 1024)}           # kᵀ: 8 rows × 1 K/V head
+    assert {tuple(c["args"][2]["shape"]) for c in calls} == {(8, 1024, 256), (32, 1024, 256)}   # v: 1 or 4 heads
+    assert all(set(c["matmul_dtypes"]) == {"bfloat16"} for c in calls)
