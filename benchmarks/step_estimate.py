@@ -38,18 +38,25 @@ def table() -> str:
     head = ("| trn2-124m, one optimizer step of 262,144 tokens | " + " | ".join(OPS)
             + " | step | tokens/s (chip) | MFU | kind |")
     rows = [head, "|" + "---|" * (len(OPS) + 5)]
-    for name, e in (("every op on PyTorch", torch_), ("our kernels", ours)):
-        ms = " | ".join(f"{e['ops'][op]['total'] * 1e3:.1f}" for op in OPS)
-        rows.append(f"| {name} | {ms} | {e['step_s']:.3f} s | {e['tokens_per_s'] / 1e3:,.0f}k | {e['mfu']:.0%} | "
+    best = {op: min(torch_["ops"][op]["total"], ours["ops"][op]["total"]) for op in OPS}
+    best_step = sum(best.values())
+    kept = [op for op in OPS if ours["ops"][op]["total"] < torch_["ops"][op]["total"]]
+    for name, ms_op, step in (("every op on PyTorch", {op: torch_["ops"][op]["total"] for op in OPS}, torch_["step_s"]),
+                              ("our kernels", {op: ours["ops"][op]["total"] for op in OPS}, ours["step_s"]),
+                              ("the faster of the two per op (the preflight's choice)", best, best_step)):
+        ms = " | ".join(f"{ms_op[op] * 1e3:.1f}" for op in OPS)
+        tps = tokens / step
+        rows.append(f"| {name} | {ms} | {step:.3f} s | {tps / 1e3:,.0f}k | {ours['mfu'] * ours['step_s'] / step:.0%} | "
                     f"roofline estimate |")
     m = MEASURED
     rows.append(f"| measured on trn2 | " + " | ".join("" for _ in OPS) + f" | {m['step_s']:.3f} s | "
                 f"{tokens / m['step_s'] / 1e3:,.0f}k | | {m['source']} |")
     note = (f"Per rank: {rank.batch_size} rows × {ours['seq_len']:,} tokens × {rank.grad_accum} micro-batches, "
-            f"8 ranks; ms per step per NeuronCore. Kernels against PyTorch ops: "
-            f"{torch_['step_s'] / ours['step_s']:.2f}× (roofline estimate); the measured step is "
-            f"{m['step_s'] / ours['step_s']:.2f}× our kernels' estimate and {m['step_s'] / torch_['step_s']:.2f}× the "
-            f"PyTorch estimate (the measured code is compiled PyTorch with FrontierForge's own backward for the MLP).")
+            f"8 ranks; ms per step per NeuronCore. The kernels the estimate favours: {', '.join(kept)}; the step with "
+            f"them is {torch_['step_s'] / best_step:.2f}× as fast as with PyTorch's ops (roofline estimate). The "
+            f"measured step is {m['step_s'] / torch_['step_s']:.2f}× the PyTorch estimate (the measured code is compiled "
+            f"PyTorch with FrontierForge's own MLP backward; the gap is what a roofline leaves out: host dispatch, "
+            f"latencies, engines waiting on each other).")
     return "\n".join(rows) + "\n\n" + note
 
 

@@ -91,19 +91,20 @@ _KERNEL_CACHE: dict = {}
 
 def kernel_work(name: str, *shape) -> Work:
     """bf16 `Work` of one call (forward + backward) of the kernel `name` on one core, traced by `dry_run` and cached:
-    'attention' (rows, T, d_head[, window]), 'rmsnorm' (N, d), 'swiglu' and 'relu2_mlp' (N, d, F), 'cross_entropy'
-    (N, d, V, softcap),
-    every vocabulary column real."""
+    'attention' (K/V groups, T, d_head[, window, query heads a group, V heads a group]), 'rmsnorm' (N, d), 'swiglu'
+    and 'relu2_mlp' (N, d, F), 'cross_entropy' (N, d, V, softcap), every vocabulary column real."""
     key = (name, *shape)
     if key in _KERNEL_CACHE: return _KERNEL_CACHE[key]
     bf, f32 = (lambda *s: np.empty(s, nl.bfloat16)), (lambda *s: np.empty(s, np.float32))
     dry = lambda k, *a: Work.of(dry_run(k[1])(*a))
-    if name == 'attention':
-        rows, T, dh, *window = shape                                 # window: keys before the query (absent: all)
-        win = window[0] if window and window[0] is not None else T
-        w = (dry(attention.flash_fwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), 0, win)
-             + dry(attention.flash_bwd_kernel, bf(1, dh, T), bf(1, dh, T), bf(1, T, dh), bf(1, T, dh), f32(1, T, 1),
-                   f32(1, T, 1), 0, win)) * rows
+    if name == 'attention':   # one K/V group (its query heads, its K head, its V heads) dry-run, times the groups
+        rows, T, dh, *rest = shape                                   # rows: K/V groups, batch · K/V heads
+        window, heads, v_heads = [*rest, *(None, 1, 1)[len(rest):]]
+        win = T if window is None else window                        # window: keys before the query (None: all)
+        q, kv, v = (lambda: bf(heads, dh, T)), bf(1, dh, T), bf(v_heads, T, dh)
+        w = (dry(attention.flash_fwd_kernel, q(), kv, v, 0, win)
+             + dry(attention.flash_bwd_kernel, q(), kv, v, bf(heads, T, dh), f32(heads, T, 1), f32(heads, T, 1), 0,
+                   win)) * rows
     elif name == 'rmsnorm':
         N, d = shape
         w = _affine(lambda n: dry(rmsnorm.rmsnorm_fwd_kernel, bf(n, d), bf(1, d), 1e-6)
@@ -217,7 +218,10 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
     N, d, L, H, dh, V = batch * T, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.padded_vocab
     windows = [w if w is not None and w < T - 1 else None for w in cfg.windows]   # each layer's window at this T
     layer = _layer_works(cfg, batch, T, kernels)
-    core = (sum((kernel_work('attention', batch * H, T, dh, w) for w in windows), Work()) if kernels
+    G = H // cfg.kv_heads                                        # query heads a K/V head serves
+    # the kernels' unit is a K/V group; V has a head per query head where a value embedding mixes in (layer i)
+    core = (sum((kernel_work('attention', batch * cfg.kv_heads, T, dh, w, G, G if cfg.has_ve(i) else 1)
+                 for i, w in enumerate(windows)), Work()) if kernels
             else torch_work('attention', batch * H, T, dh) * L)
     ew = elementwise_work
     opt, coll = _optimizer_works(cfg, world, optim)
