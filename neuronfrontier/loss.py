@@ -204,9 +204,10 @@ def chunked_cross_entropy(h, w_head, targets, softcap=None, reduction="mean", ch
 
 # %% ../nbs/04_loss.ipynb #ec02f45a
 @ops.register("cross_entropy", "torch")
-def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
-    "`ops.cross_entropy` in PyTorch: `chunked_cross_entropy` with its default chunk size."
-    return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
+def cross_entropy_torch(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, weights=None):
+    "`ops.cross_entropy` in PyTorch: `chunked_cross_entropy` with its default chunk size (and `weights`: k targets)."
+    return chunked_cross_entropy(h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size,
+                                 weights=weights)
 
 # %% ../nbs/04_loss.ipynb #31088270
 def multi_token_targets(targets: torch.Tensor, k: int) -> torch.Tensor:

@@ -17,12 +17,14 @@ __all__ = ['RMSNorm', 'rope_tables', 'apply_rope', 'slow_pairs_from', 'offset_ke
 
 # %% ../nbs/06_model.ipynb #211d4be6
 class RMSNorm(nn.Module):
-    "RMSNorm computed by `ops.rms_norm`: with a learned gain, or (`gain=False`) a fixed gain of 1 that is no parameter."
+    """RMSNorm computed by `ops.rms_norm`: with a learned gain, or (`gain=False`) none: `weight` is None, and the
+    kernels neither load a gain nor reduce its gradient. (Checkpoints from when a gainless norm held a buffer of ones
+    load as they are: that buffer was never saved.)"""
     def __init__(self, d: int, eps: float = 1e-6, gain: bool = True):
         super().__init__()
         self.eps = eps
         if gain: self.weight = nn.Parameter(torch.ones(d))
-        else: self.register_buffer("weight", torch.ones(d), persistent=False)   # the kernels take a gain: ones
+        else: self.register_parameter("weight", None)
     def forward(self, x): return ops.rms_norm(x, self.weight, self.eps)
 
 # %% ../nbs/06_model.ipynb #58d61199
@@ -256,13 +258,11 @@ class GPT(nn.Module):
     def loss(self, idx: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", mtp=None) -> torch.Tensor:
         """Cross-entropy in nats (targets < 0 ignored) through `ops.cross_entropy`; training adds the MoE balancing
         terms. `mtp` [k] (a tensor): multi-token prediction, the same logits scored against the k next tokens with
-        these weights (PyTorch's chunked loss; a tensor, so a new weight is no new graph)."""
+        these weights, by the same op (its kernels take the k targets; a tensor, so a new weight is no new graph)."""
         h = self.hidden(idx)
         kw = dict(softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
-        if mtp is not None:
-            multi = loss.multi_token_targets(targets, mtp.shape[0])
-            ce = loss.chunked_cross_entropy(h, self.lm_head.weight, multi, weights=mtp.to(h.device), **kw)
-        else:
-            with self._ops(): ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, targets.flatten(), **kw)
+        if mtp is None: t = targets.flatten()                                    # [B·T]
+        else: t, kw["weights"] = loss.multi_token_targets(targets, mtp.shape[0]).flatten(0, 1), mtp.to(h.device)
+        with self._ops(): ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, t, **kw)   # t [B·T, k] with mtp
         if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
         return ce

@@ -174,8 +174,9 @@ def kernel_op(bodies, setup_context, backward, launch, nki_op=None):
     return KernelFunction.apply
 
 # %% ../nbs/03_ops.ipynb #99e9b258
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    "x / sqrt(mean(x², -1) + eps) · weight, over the last dimension."
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(mean(x², -1) + eps) · weight, over the last dimension; `weight` None: no gain (not a gain of ones to
+    load and multiply — the kernels skip it, and its gradient)."""
     return _call("rms_norm", x, weight, eps)
 
 # %% ../nbs/03_ops.ipynb #01ec931b
@@ -205,10 +206,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
 # %% ../nbs/03_ops.ipynb #0ddda847
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
-                  reduction: str = "mean", vocab_size: int | None = None) -> torch.Tensor:
-    """Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets (< 0
-    ignored)."""
-    return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size)
+                  reduction: str = "mean", vocab_size: int | None = None,
+                  weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets [N] (< 0
+    ignored). With `weights` [k] (a tensor: new weights, no new graph), targets [N, k]: each token's loss is
+    Σ_j w_j·CE(target_j) from one softmax (multi-token prediction); 'mean' divides by the tokens whose first target
+    counts, as `loss.chunked_cross_entropy`."""
+    kw = {} if weights is None else {"weights": weights}   # one target: the call every backend has always taken
+    return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size, **kw)
 
 # %% ../nbs/03_ops.ipynb #a4e1a9ce
 def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
@@ -220,9 +225,10 @@ def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: t
 
 # %% ../nbs/03_ops.ipynb #7791ce93
 @register("rms_norm", "torch")
-def rms_norm_torch(x, weight, eps=1e-6):
+def rms_norm_torch(x, weight=None, eps=1e-6):
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.float()).to(x.dtype)
 
 # %% ../nbs/03_ops.ipynb #17bfe9f7
 @register("swiglu", "torch")

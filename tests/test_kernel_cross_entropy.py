@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from neuronfrontier import ops
+from neuronfrontier import loss as nf_loss   # registers the torch reference of ops.cross_entropy
 from neuronfrontier import sim
 from neuronfrontier.kernels import cross_entropy as ce
 
@@ -15,7 +16,7 @@ def _run(backend, h, W, y, block_tiles=None, **kw):
             l = ops.cross_entropy(hh, WW, y, **kw)
         else:   # the simulator's kernel op directly, to force small blocks
             l = ce._cross_entropy(ce._SIM_OP, "nki-sim", hh, WW, y, kw.get("softcap"), kw.get("reduction", "mean"),
-                                  kw.get("vocab_size"), block_tiles)
+                                  kw.get("vocab_size"), block_tiles, kw.get("weights"))
     (l.sum() if l.ndim else l).backward()
     return l.detach(), hh.grad, WW.grad
 
@@ -163,3 +164,91 @@ def test_nki_backend_wiring_with_a_custom_op_stand_in(fake_torch_neuronx):
     finally:
         ops._IMPLS["cross_entropy"].pop("nki", None)
     assert not ce.NKI_REGISTERED
+
+
+def _mtp_inputs(dtype, seed=10, rows=2, T=100, d=256, V=1024, vs=1000):
+    "k = 3 next-token targets of `rows` rows (−1 past each row's end, and one ignored next token), a padded head."
+    g = torch.Generator().manual_seed(seed)
+    h, W = torch.randn(rows * T, d, generator=g).to(dtype), (torch.randn(V, d, generator=g) * 0.1).to(dtype)
+    y = torch.randint(0, vs, (rows, T), generator=g)
+    y[0, 7] = -1
+    return h, W, nf_loss.multi_token_targets(y, 3).flatten(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softcap", [None, 15.0])
+def test_mtp_through_the_kernel_equals_the_chunked_torch_loss(dtype, softcap):
+    # k = 3 targets a token, weights with a zero, targets ignored at the rows' ends, 200 tokens padded to 256, a head
+    # of 1,000 real rows padded to 1,024: loss, dh and dW of every reduction equal PyTorch's chunked loss
+    h, W, t = _mtp_inputs(dtype)
+    w = torch.tensor([1.0, 0.0, 0.25])
+    assert (t[:, 1:] < 0).any() and (t[:, 0] < 0).any()
+    rel = ce.TOL[dtype]
+    for kw in (dict(), dict(reduction="sum"), dict(reduction="none")):
+        l, _, _ = _compare(h, W, t, rel=rel, softcap=softcap, vocab_size=1000, weights=w, **kw)
+    assert l.shape == (200,) and l[t[:, 0] < 0].abs().max().item() > 0   # an ignored next token, later ones counted
+    if dtype == torch.float32:   # several token blocks (dW read-added-written), and the weights as data
+        _compare(h, W, t, block_tiles=1, softcap=softcap, vocab_size=1000, weights=torch.tensor([0.5, 0.3, 0.2]))
+
+
+def test_mtp_kernels_sweep_the_vocabulary_once_for_k_targets():
+    # the k = 3 kernels against k = 1: the same matmuls (the weights are broadcast by a DMA), so no logits tile
+    # computed twice; hbm_traffic counts the targets' and weights' bytes, byte for byte, on 1 and 2 cores; the per-token losses
+    # equal Σ_q w_q (lse − ζ_{t_q}) in float64
+    N, d, V, vs = 256, 384, 1024, 1000
+    r = np.random.default_rng(11)
+    h = r.standard_normal((N, d), dtype=np.float32); W = (r.standard_normal((V, d)) * 0.05).astype(np.float32)
+    y3 = r.integers(-1, vs, (N, 3)).astype(np.int32)
+    w3 = np.array([[1.0, 0.5, 0.25]], np.float32)
+    for lnc in (1, 2):
+        traces = {}
+        for k, y, wt in ((0, y3[:, :1], ()), (3, y3, (w3,))):
+            loss, lse = sim.simulate(ce.cross_entropy_fwd_kernel[lnc])(h, W, y, vs, 15.0, 1, *wt)
+            tf = sim.last_trace()
+            sim.simulate(ce.cross_entropy_bwd_kernel[lnc])(h, W, y, lse, np.ones((N, 1), np.float32), vs, 15.0, 1, *wt)
+            traces[k] = (tf, sim.last_trace())
+            rw = lambda t: dict(read=t.hbm_read_bytes, written=t.hbm_write_bytes)
+            assert ce.hbm_traffic(N, d, V, vs, 4, 1, lnc, k) == dict(fwd=rw(tf), bwd=rw(traces[k][1])), (lnc, k)
+        for one, three in zip(traces[0], traces[3]):   # forward, then backward
+            assert three.instructions["nc_matmul"] == one.instructions["nc_matmul"]   # no logits recomputed
+            assert three.pe_cycles == one.pe_cycles and set(three.matmul_flops) == {"float32"}
+            assert three.hbm_read_bytes - one.hbm_read_bytes == 8 * N + 128 * 12 * lnc   # 2 more targets; 3 weights
+            assert three.hbm_write_bytes == one.hbm_write_bytes
+    ref = ce._reduce(torch.tensor(loss[:, 0]), torch.tensor(y3), "sum")
+    z = torch.tensor(h).double() @ torch.tensor(W).double().T
+    z = 15 * torch.tanh(z / 15)
+    z[:, vs:] = float("-inf")
+    lse_ref = torch.logsumexp(z, 1)
+    tl = torch.tensor(y3).long()
+    want = sum(wq * torch.where(tl[:, q] >= 0, lse_ref - z.gather(1, tl[:, q:q + 1].clamp_min(0))[:, 0], 0.0)
+               for q, wq in enumerate(w3[0]))
+    assert abs(ref.item() - want.sum().item()) <= 1e-5 * want.sum().item()
+
+
+def test_mtp_weights_are_a_kernel_input_through_the_nki_op(fake_torch_neuronx):
+    # the `nki` backend's custom operators (TorchNeuron stand-in) with k targets: the weights reach both kernels as a
+    # [1, k] fp32 tensor argument, so new weights are new data; the results equal PyTorch's
+    assert ce._register_nki(fake_torch_neuronx)
+    try:
+        h, W, t = _mtp_inputs(torch.float32, seed=12)
+        for w in (torch.tensor([1.0, 0.5, 0.25]), torch.tensor([1.0, 0.0, 0.0])):
+            l0, dh0, dW0 = _run("torch", h, W, t, softcap=15.0, vocab_size=1000, weights=w)
+            l1, dh1, dW1 = _run("cross_entropy=nki", h, W, t, softcap=15.0, vocab_size=1000, weights=w)
+            for a, b in ((l1, l0), (dh1, dh0), (dW1, dW0)):
+                assert (a - b).abs().max().item() <= 1e-5 * b.abs().max().item()
+        calls = fake_torch_neuronx.standin.calls
+        assert {c.kernel for c in calls} == {"cross_entropy_fwd_kernel", "cross_entropy_bwd_kernel"}
+        assert all(c.args[-1] == ((1, 3), "torch.float32") and c.args[2] == ((256, 3), "torch.int32") for c in calls)
+    finally:
+        ops._IMPLS["cross_entropy"].pop("nki", None)
+
+
+def test_mtp_refusals():
+    h, W, t = torch.randn(64, 128), torch.randn(512, 128), torch.zeros(64, 3, dtype=torch.long)
+    with ops.use_backend("cross_entropy=nki-sim"):
+        with pytest.raises(ValueError, match=r"must be \[N\]=\[64\] \(or \[N, k\] with weights \[k\]\)"):
+            ops.cross_entropy(h, W, t)
+        with pytest.raises(ValueError, match="one weight each"):
+            ops.cross_entropy(h, W, t, weights=torch.ones(2))
+        with pytest.raises(ValueError, match="at most 8"):
+            ops.cross_entropy(h, W, torch.zeros(64, 9, dtype=torch.long), weights=torch.ones(9))

@@ -76,3 +76,42 @@ def test_nki_backend_wiring_with_a_custom_op_stand_in(fake_torch_neuronx):
         assert max(e.values()) <= TOL[torch.float32], e
     finally:
         ops._IMPLS["rms_norm"].pop("nki", None)
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (129, 512), (2, 3, 100, 256), (4, 257, 1024)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_gain_matches_torch(shape, dtype):
+    "weight=None: x·r, forward and dx, against the torch backend (x / rms without a gain)."
+    x, _ = _inputs(shape, dtype, seed=5)
+    e = compare_backends("rms_norm", x, None)
+    assert set(e) == {"out", "dx"} and max(e.values()) <= TOL[dtype], e
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_no_gain_loads_no_gain_and_reduces_no_dw(lnc):
+    """Without a gain the kernels read no gain and write no dw (the compulsory bytes of hbm_traffic(gain=False)), and
+    have no TensorEngine instruction (the gain's broadcast, dw's row sums): fewer instructions than with a gain."""
+    x = torch.randn(200, 640).to(torch.bfloat16)
+    w = torch.ones(1, 640, dtype=torch.bfloat16)
+    _, rstd = simulate(rmsnorm_fwd_kernel[lnc])(x, None, 1e-6)
+    bare = dict(fwd=traffic(rmsnorm_fwd_kernel[lnc], x, None, 1e-6), bwd=traffic(rmsnorm_bwd_kernel[lnc], x, None, rstd, x))
+    gain = dict(fwd=traffic(rmsnorm_fwd_kernel[lnc], x, w, 1e-6), bwd=traffic(rmsnorm_bwd_kernel[lnc], x, w, rstd, x))
+    m, mg = hbm_traffic(200, 640, 2, lnc, gain=False), hbm_traffic(200, 640, 2, lnc)
+    for k in ("fwd", "bwd"):
+        assert bare[k].hbm_bytes == m[k]["compulsory"] < mg[k]["compulsory"] == gain[k].hbm_bytes
+        assert "tensor" not in bare[k].engine_instructions and gain[k].engine_instructions["tensor"] > 0
+        assert bare[k].max_program_instructions < gain[k].max_program_instructions
+        assert m[k]["compulsory"] < m[k]["unfused"]
+
+
+def test_no_gain_through_the_nki_op(fake_torch_neuronx):
+    "The `nki` backend without a gain: its own custom operators, the kernels launched with w=None."
+    assert _register_nki(fake_torch_neuronx)
+    try:
+        x, _ = _inputs((200, 256), torch.float32, seed=6)
+        e = compare_backends("rms_norm", x, None, backend="nki")
+        assert max(e.values()) <= TOL[torch.float32], e
+        calls = fake_torch_neuronx.standin.calls
+        assert {(c.kernel, c.args[1]) for c in calls} == {("rmsnorm_fwd_kernel", "None"), ("rmsnorm_bwd_kernel", "None")}
+    finally:
+        ops._IMPLS["rms_norm"].pop("nki", None)

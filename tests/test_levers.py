@@ -223,6 +223,41 @@ def test_mtp_loss_equals_a_direct_computation_and_fades_in_stages():
         resolve("cpu-micro", "kit", ["mtp_weights=1,0.5,0.25", "mtp_fade=0.2"])
 
 
+def test_mtp_loss_and_gainless_norms_run_through_the_kernels():
+    """The trn2 recipe at cpu-micro (MTP weights, no norm gains) under the simulated kernels: GPT.loss(..., mtp=) calls
+    the cross-entropy kernel with the k = 3 targets and the weights (not PyTorch's chunked loss), every RMSNorm the
+    kernel with no gain; loss and gradients equal the model's under PyTorch. Gainless norms hold nothing, so a state
+    dict without norm entries (all a checkpoint ever held of them) loads strictly."""
+    m, _ = resolve("cpu-micro", "trn2")
+    torch.manual_seed(0)
+    g = GPT(m)
+    torch.nn.init.normal_(g.lm_head.weight, std=0.05)
+    assert all(n.weight is None for n in g.modules() if type(n).__name__ == "RMSNorm")
+    assert not any("norm" in k for k in g.state_dict())
+    g.load_state_dict({k: v.clone() for k, v in g.state_dict().items()}, strict=True)
+    x, y = torch.randint(0, m.vocab_size, (2, 64)), torch.randint(0, m.vocab_size, (2, 64))
+    w = torch.tensor([1.0, 0.5, 0.25])
+    seen = []
+    ops.load_kernels()
+    real = {op: ops.implementations(op)["nki-sim"] for op in ("cross_entropy", "rms_norm")}
+    spy = lambda op: lambda *a, **kw: (seen.append((op, tuple(a[2].shape) if op == "cross_entropy" else a[1], kw)),
+                                       real[op](*a, **kw))[1]
+    out = {}
+    for be in ("torch", "cross_entropy=nki-sim,rms_norm=nki-sim"):
+        g.kernels = be
+        g.zero_grad()
+        with ops.replaced({op: spy(op) for op in ("cross_entropy", "rms_norm")}, backend="nki-sim"):
+            l = g.loss(x, y, mtp=w)
+            l.backward()
+        out[be] = (l.detach(), {n: p.grad.clone() for n, p in g.named_parameters() if p.grad is not None})
+    ce = [c for c in seen if c[0] == "cross_entropy"]
+    assert len(ce) == 1 and ce[0][1] == (128, 3) and torch.equal(ce[0][2]["weights"], w)
+    assert {c[1] for c in seen if c[0] == "rms_norm"} == {None}
+    (l0, g0), (l1, g1) = out.values()
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    for n in g0: torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6, msg=n)   # λ grads ~3e-7: cancellation
+
+
 def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     "train_step takes share × grad_accum micro-batches at the phase's rate, then the whole step at the schedule's."
     from neuronfrontier.optim import build_optimizers, lr_multiplier

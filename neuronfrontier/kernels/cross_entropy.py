@@ -10,12 +10,13 @@ from ..hw import PMAX, FMAX, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
-__all__ = ['VT', 'NEG', 'SBUF_BLOCK_BUDGET', 'TOL', 'NKI_REGISTERED', 'cross_entropy_fwd_kernel', 'cross_entropy_bwd_kernel',
-           'check_args', 'cross_entropy_nki_sim', 'hbm_traffic']
+__all__ = ['VT', 'NEG', 'MAX_TARGETS', 'SBUF_BLOCK_BUDGET', 'TOL', 'NKI_REGISTERED', 'cross_entropy_fwd_kernel',
+           'cross_entropy_bwd_kernel', 'check_args', 'cross_entropy_nki_sim', 'hbm_traffic']
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #b6af9715
 VT = FMAX          # vocabulary columns per tile: one fp32 PSUM bank per partition
 NEG = -1.0e30      # logit of a padding column: e^(NEG - m) is exactly 0
+MAX_TARGETS = 8    # targets a token (multi-token prediction): one [128, 512] fp32 work tile each in the forward
 
 def _vocab_tiles(V, vocab_size):
     "Static list of (first column, width) of the vocabulary tiles holding real columns; the last may be narrower."
@@ -82,43 +83,102 @@ def _load_h_block(h, t0, nt, hT_buf, h_buf=None):
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #1479ded1
 def _load_columns(dst, src, t0, nt):
-    "HBM→SBUF: per-token values src [N, 1] of tiles t0..t0+nt-1 into dst [128, nt] (column j = tile t0+j)."
+    """HBM→SBUF: per-token values src [N, c] of tiles t0..t0+nt-1 into dst [128, nt*c] (columns j*c..j*c+c-1 = tile
+    t0+j; c = 1 for one value a token, k for k targets)."""
+    c = src.shape[1]
     for j in range(nt):
-        nisa.dma_copy(dst=dst[:, j:j + 1], src=src[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :])
+        nisa.dma_copy(dst=dst[:, j * c:(j + 1) * c], src=src[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :])
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #96766836
+def _load_weights(weights):
+    """HBM→SBUF: the target weights [1, k] fp32 on all 128 partitions → w_bc [128, k] fp32, by one DMA whose source
+    repeats the row (a stride-0 partition dimension; the DMA reads the 4k bytes once per partition). No matmul: under
+    bf16 autocast every matmul of the op stays bf16. None → None."""
+    if weights is None: return None
+    k = weights.shape[1]
+    assert tuple(weights.shape) == (1, k) and weights.dtype == nl.float32, f'weights {weights.shape}: [1, k] fp32'
+    w_bc = nl.ndarray((PMAX, k), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_bc, src=weights.broadcast(0, PMAX))              # HBM→SBUF: 128 · 4k bytes, once per core
+    return w_bc
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #847cb1b6
+def _gather_targets(tgt_logit, hit_buf, cols, tgt, z):
+    """Add to tgt_logit [128, k] the logits ζ [128, vt] at each token's k targets tgt [128, k] (fp32 vocabulary
+    indices; cols: the tile's vocabulary index of each column). One-hot(target q) · ζ on the Vector engine for every
+    q; the row sums of target 0 on the Vector engine, of targets 1.. on the Scalar engine (its accumulator), which has
+    less to do per tile. hit_buf: an SBUF work buffer [128, ≥k, vt] fp32."""
+    k, vt = tgt.shape[1], z.shape[1]
+    hit = hit_buf[:, :k, :vt]                                                # one-hot(target q) · ζ, each q
+    zt = nl.ndarray((PMAX, k), dtype=nl.float32, buffer=nl.sbuf)
+    for q in range(k):
+        nisa.scalar_tensor_tensor(dst=hit[:, q, :], data=cols, op0=nl.equal, operand0=tgt[:, q:q + 1],
+                                  op1=nl.multiply, operand1=z)
+        if q:
+            nisa.activation(dst=hit[:, q, :], op=nl.copy, data=hit[:, q, :], reduce_op=nl.add,
+                            reduce_res=zt[:, q:q + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.tensor_reduce(dst=zt[:, 0:1], op=nl.add, data=hit[:, 0, :], axis=1, keepdims=True)
+    nisa.tensor_tensor(dst=tgt_logit, data1=tgt_logit, data2=zt, op=nl.add)
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #7f9608f8
+def _token_loss(lse_t, tgt, tgt_logit, w_bc):
+    """Per-token loss [128, 1] fp32 from lse [128, 1], targets tgt [128, k] and their logits tgt_logit [128, k]: one
+    target and no weights (w_bc None) (lse − ζ_y)·[y ≥ 0]; with w_bc [128, k] Σ_q w_q·[t_q ≥ 0]·(lse − ζ_{t_q})."""
+    nll = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+    if w_bc is None:
+        valid = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=valid, data=tgt, op0=nl.greater_equal, operand0=0.0)
+        nisa.scalar_tensor_tensor(dst=nll, data=lse_t, op0=nl.subtract, operand0=tgt_logit, op1=nl.multiply,
+                                  operand1=valid)                                # (lse - zeta_y) * [y >= 0]
+        return nll
+    k = tgt.shape[1]
+    c = nl.ndarray((PMAX, k), dtype=nl.float32, buffer=nl.sbuf)                   # c_q = w_q · [t_q >= 0]
+    nisa.scalar_tensor_tensor(dst=c, data=tgt, op0=nl.greater_equal, operand0=0.0, op1=nl.multiply, operand1=w_bc)
+    terms = nl.ndarray((PMAX, k), dtype=nl.float32, buffer=nl.sbuf)              # c_q · (lse - zeta_q)
+    nisa.scalar_tensor_tensor(dst=terms, data=tgt_logit, op0=nl.subtract, operand0=lse_t, reverse0=True,
+                              op1=nl.multiply, operand1=c)
+    nisa.tensor_reduce(dst=nll, op=nl.add, data=terms, axis=1, keepdims=True)
+    return nll
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #7b1f517e
 @nki.jit
-def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
+def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles, weights=None):
     """Per-token cross-entropy of the logits h @ Wᵀ without writing them to HBM.
 
-    h [N, d] and w [V, d] (nn.Linear layout), both fp32 or both bf16; targets [N, 1] int32 (< 0: ignored);
-    vocab_size: real columns (<= V; the rest are padding); softcap: c (0: none); block_tiles: 128-token tiles per block.
+    h [N, d] and w [V, d] (nn.Linear layout), both fp32 or both bf16; targets [N, k] int32 (< 0: ignored);
+    vocab_size: real columns (<= V; the rest are padding); softcap: c (0: none); block_tiles: 128-token tiles per block;
+    weights: None (k = 1, one target) or [1, k] fp32 (multi-token prediction: k targets scored by one softmax).
     Launch as `cross_entropy_fwd_kernel[lnc]`: with 2 logical cores each takes its share of the token blocks.
-    Returns loss [N, 1] fp32 (lse - target logit, 0 where ignored) and lse [N, 1] fp32 (log-sum-exp of each row)."""
+    Returns loss [N, 1] fp32 (lse - target logit, 0 where ignored; with weights Σ_q w_q (lse - ζ_{t_q}) over the
+    counted targets) and lse [N, 1] fp32 (log-sum-exp of each row)."""
     N, d = h.shape
     V, d2 = w.shape
+    k = targets.shape[1]
     assert d == d2, f'h {h.shape} and w {w.shape} must share d'
     assert d % PMAX == 0, f'd={d} must be a multiple of {PMAX}: the TensorEngine contracts d in {PMAX}-row chunks'
     assert N % PMAX == 0, f'N={N} must be a multiple of {PMAX} (tokens per tile); the wrapper pads'
     assert V % PMAX == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {PMAX} and hold vocab_size={vocab_size}'
+    assert tuple(targets.shape) == (N, k) and (weights is not None or k == 1), \
+        f'targets {targets.shape}: [N, 1], or [N, k] with weights [1, k]'
+    assert k <= MAX_TARGETS, f'k={k} targets a token: at most {MAX_TARGETS} (one [128, 512] fp32 work tile each)'
     KD, n_tiles = d // PMAX, N // PMAX
     tiles = _vocab_tiles(V, vocab_size)
     loss = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     lse = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    w_bc = _load_weights(weights)                                       # HBM→SBUF: the k weights, once (None: none)
     bt = min(
         block_tiles, n_tiles
     )  # block buffers, allocated once and reused by every block (the last may use fewer tiles)
     hT_buf = nl.ndarray((PMAX, KD, bt * PMAX), dtype=h.dtype, buffer=nl.sbuf)
-    col_bufs = [
-        nl.ndarray((PMAX, bt), dtype=t, buffer=nl.sbuf)
-        for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
-    ]
+    tgt_bufs = [nl.ndarray((PMAX, bt * k), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32)]
+    run_bufs = [nl.ndarray((PMAX, bt), dtype=nl.float32, buffer=nl.sbuf) for _ in range(2)]
+    hit_buf = nl.ndarray((PMAX, k, VT), dtype=nl.float32, buffer=nl.sbuf)   # the gather's work tiles
     for b in core_range(-(-n_tiles // block_tiles), nl.program_id(0), nl.num_programs()):   # this core's token blocks
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
         hT_blk, _ = _load_h_block(h, t0, nt, hT_buf)                    # HBM→SBUF: the block's h, kept as hᵀ
-        tgt_i, tgt, run_max, run_sum, tgt_logit = (c[:, :nt] for c in col_bufs)
-        _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets
+        tgt_i, tgt, tgt_logit = (c[:, :nt * k] for c in tgt_bufs)       # column j*k + q: target q of tile j
+        run_max, run_sum = (c[:, :nt] for c in run_bufs)
+        _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets, k a token
         nisa.tensor_copy(dst=tgt, src=tgt_i)
         nisa.memset(dst=run_max, value=NEG)
         nisa.memset(dst=run_sum, value=0.0)
@@ -146,22 +206,13 @@ def cross_entropy_fwd_kernel(h, w, targets, vocab_size, softcap, block_tiles):
                     dst=s_old, data=s_old, op0=nl.multiply, operand0=corr, op1=nl.add, operand1=esum
                 )
                 nisa.tensor_copy(dst=m_old, src=m_new)
-                hit = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)  # one-hot(target) * zeta
-                nisa.scalar_tensor_tensor(
-                    dst=hit, data=cols, op0=nl.equal, operand0=tgt[:, j : j + 1], op1=nl.multiply, operand1=z
-                )
-                zt = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_reduce(dst=zt, op=nl.add, data=hit, axis=1, keepdims=True)
-                nisa.tensor_tensor(dst=tgt_logit[:, j:j + 1], data1=tgt_logit[:, j:j + 1], data2=zt, op=nl.add)
+                # the k target logits, from the same tile: no logits recomputed per target
+                _gather_targets(tgt_logit[:, j * k:(j + 1) * k], hit_buf, cols, tgt[:, j * k:(j + 1) * k], z)
         for j in range(nt):
             lse_t = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)        # lse = m + log s
             nisa.activation(dst=lse_t, op=nl.log, data=run_sum[:, j:j + 1])
             nisa.tensor_tensor(dst=lse_t, data1=lse_t, data2=run_max[:, j:j + 1], op=nl.add)
-            valid = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=valid, data=tgt[:, j:j + 1], op0=nl.greater_equal, operand0=0.0)
-            nll = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)          # (lse - zeta_y) * [y >= 0]
-            nisa.scalar_tensor_tensor(dst=nll, data=lse_t, op0=nl.subtract, operand0=tgt_logit[:, j:j + 1],
-                                      op1=nl.multiply, operand1=valid)
+            nll = _token_loss(lse_t, tgt[:, j * k:(j + 1) * k], tgt_logit[:, j * k:(j + 1) * k], w_bc)
             nisa.dma_copy(dst=loss[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :], src=nll)  # SBUF→HBM: 4 bytes per token
             nisa.dma_copy(dst=lse[(t0 + j) * PMAX:(t0 + j + 1) * PMAX, :], src=lse_t) # SBUF→HBM: 4 bytes per token
     return loss, lse
@@ -172,12 +223,38 @@ def _d_pieces(d):
     return [(d0, min(FMAX, d - d0)) for d0 in range(0, d, FMAX)]
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #36c3e165
+def _target_grads(g_q, g_sum, tgt, g_b, w_bc):
+    """Per token and target, before the vocabulary sweep: g_q [128, nt*k] = g·w_q·[t_q ≥ 0] (0 for an ignored target)
+    and G = g_sum [128, nt] = Σ_q g_q, from targets tgt [128, nt*k], g_b [128, nt] and the weights w_bc [128, k]."""
+    k = w_bc.shape[1]
+    for j in range(g_b.shape[1]):
+        gj = g_q[:, j * k:(j + 1) * k]
+        nisa.scalar_tensor_tensor(dst=gj, data=tgt[:, j * k:(j + 1) * k], op0=nl.greater_equal, operand0=0.0,
+                                  op1=nl.multiply, operand1=w_bc)                # w_q · [t_q >= 0]
+        nisa.tensor_scalar(dst=gj, data=gj, op0=nl.multiply, operand0=g_b[:, j:j + 1])   # × g
+        nisa.tensor_reduce(dst=g_sum[:, j:j + 1], op=nl.add, data=gj, axis=1, keepdims=True)
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #1458c126
+def _weighted_delta(delta, prob, cols, tgt, g_q, g_sum):
+    """delta [128, vt] = G·p − Σ_q g_q·onehot(t_q) for one token tile against one vocabulary tile: G·p on the Scalar
+    engine, each weighted one-hot on the Vector engine, its subtraction on GpSimd (the Vector engine is the busier).
+    prob: softmax p; cols: vocabulary indices; tgt, g_q [128, k]; g_sum [128, 1]."""
+    nisa.tensor_scalar(dst=delta, data=prob, op0=nl.multiply, operand0=g_sum, engine=nisa.engine.scalar)   # G·p
+    for q in range(tgt.shape[1]):
+        oh = nl.ndarray(delta.shape, dtype=nl.float32, buffer=nl.sbuf)            # g_q · onehot(t_q)
+        nisa.tensor_scalar(dst=oh, data=cols, op0=nl.equal, operand0=tgt[:, q:q + 1], op1=nl.multiply,
+                           operand1=g_q[:, q:q + 1])
+        nisa.tensor_tensor(dst=delta, data1=delta, data2=oh, op=nl.subtract, engine=nisa.engine.gpsimd)
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #fe37a6c9
 @nki.jit
-def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles):
+def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_tiles, weights=None):
     """Gradients of sum_i g_i * loss_i with respect to h and W, recomputing the logits tile by tile.
 
-    h [N, d] and w [V, d] (both fp32 or both bf16); targets [N, 1] int32; lse [N, 1] fp32 from the
-    forward kernel; g [N, 1] fp32 (dL/dloss_i, 0 where ignored); vocab_size, softcap, block_tiles as in the forward.
+    h [N, d] and w [V, d] (both fp32 or both bf16); targets [N, k] int32; lse [N, 1] fp32 from the
+    forward kernel; g [N, 1] fp32 (dL/dloss_i; 0 where ignored when there are no weights); vocab_size, softcap,
+    block_tiles, weights as in the forward. With weights, dL/dlogits = G·softmax − Σ_q g_q·onehot(t_q) with
+    g_q = g·w_q·[t_q ≥ 0] and G = Σ_q g_q: one softmax, k one-hots.
     Launch as `cross_entropy_bwd_kernel[lnc]`: each logical core takes its share of the token blocks.
     Returns dh [N, d] fp32 and dw [lnc, V, d] fp32: dw[c] is the gradient from core c's tokens (rows >= vocab_size
     are 0); the caller adds them."""
@@ -187,8 +264,13 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
     assert d % PMAX == 0, f'd={d} must be a multiple of {PMAX}: the TensorEngine contracts d in {PMAX}-row chunks'
     assert N % PMAX == 0, f'N={N} must be a multiple of {PMAX} (tokens per tile); the wrapper pads'
     assert V % PMAX == 0 and 0 < vocab_size <= V, f'V={V} must be a multiple of {PMAX} and hold vocab_size={vocab_size}'
+    k = targets.shape[1]
+    assert tuple(targets.shape) == (N, k) and (weights is not None or k == 1), \
+        f'targets {targets.shape}: [N, 1], or [N, k] with weights [1, k]'
+    assert tuple(lse.shape) == (N, 1) and tuple(g.shape) == (N, 1), f'lse {lse.shape} and g {g.shape} must be [{N}, 1]'
     KD, n_tiles = d // PMAX, N // PMAX
     tiles, pieces = _vocab_tiles(V, vocab_size), _d_pieces(d)
+    w_bc = _load_weights(weights)                                       # HBM→SBUF: the k weights, once (None: none)
     core, cores = nl.program_id(0), nl.num_programs()
     dh = nl.ndarray((N, d), dtype=nl.float32, buffer=nl.shared_hbm)
     dw_all = nl.ndarray((cores, V, d), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -200,20 +282,21 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
     hT_buf = nl.ndarray((PMAX, KD, bt * PMAX), dtype=h.dtype, buffer=nl.sbuf)
     h_buf = nl.ndarray((PMAX, bt, d), dtype=h.dtype, buffer=nl.sbuf)
     dh_buf = nl.ndarray((PMAX, bt, d), dtype=nl.float32, buffer=nl.sbuf)
-    col_bufs = [
-        nl.ndarray((PMAX, bt), dtype=t, buffer=nl.sbuf)
-        for t in (nl.int32, nl.float32, nl.float32, nl.float32, nl.float32)
-    ]
+    tgt_bufs = [nl.ndarray((PMAX, bt * k), dtype=t, buffer=nl.sbuf) for t in (nl.int32, nl.float32, nl.float32)]
+    row_bufs = [nl.ndarray((PMAX, bt), dtype=nl.float32, buffer=nl.sbuf) for _ in range(4)]
     for b in blocks:
         t0 = b * block_tiles
         nt = min(block_tiles, n_tiles - t0)
         hT_blk, h_blk = _load_h_block(h, t0, nt, hT_buf, h_buf)        # HBM→SBUF: h (for dW) and hᵀ (for the logits)
-        tgt_i, lse_b, g_b, tgt, neg_lse = (c[:, :nt] for c in col_bufs)
+        tgt_i, tgt, g_q = (c[:, :nt * k] for c in tgt_bufs)             # column j*k + q: target q of tile j
+        lse_b, g_b, neg_lse, g_sum = (c[:, :nt] for c in row_bufs)
         _load_columns(tgt_i, targets, t0, nt)                           # HBM→SBUF: targets, lse, g
         _load_columns(lse_b, lse, t0, nt)
         _load_columns(g_b, g, t0, nt)
         nisa.tensor_copy(dst=tgt, src=tgt_i)
         nisa.tensor_scalar(dst=neg_lse, data=lse_b, op0=nl.multiply, operand0=-1.0)
+        if w_bc is not None:
+            _target_grads(g_q, g_sum, tgt, g_b, w_bc)                    # g_q = g·w_q·[t_q >= 0], G = Σ_q g_q
         dh_acc = dh_buf[:, :nt, :]
         nisa.memset(dst=dh_acc, value=0.0)
         for v0, vt in tiles:
@@ -227,10 +310,14 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
                 z, th = _logits_tile(hT_blk, wT_t, j, v0, vocab_size, softcap)
                 prob = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)     # p = e^(zeta - lse)
                 nisa.activation(dst=prob, op=nl.exp, data=z, bias=neg_lse[:, j:j + 1])
-                delta = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)    # p - onehot(target)
-                nisa.scalar_tensor_tensor(dst=delta, data=cols, op0=nl.equal, operand0=tgt[:, j:j + 1],
-                                          op1=nl.subtract, operand1=prob, reverse1=True)
-                nisa.tensor_scalar(dst=delta, data=delta, op0=nl.multiply, operand0=g_b[:, j:j + 1])   # × g
+                delta = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
+                if w_bc is None:   # one target: g·(p - onehot(target))
+                    nisa.scalar_tensor_tensor(dst=delta, data=cols, op0=nl.equal, operand0=tgt[:, j:j + 1],
+                                              op1=nl.subtract, operand1=prob, reverse1=True)
+                    nisa.tensor_scalar(dst=delta, data=delta, op0=nl.multiply, operand0=g_b[:, j:j + 1])   # × g
+                else:              # k targets: G·p - Σ_q g_q·onehot(t_q)
+                    _weighted_delta(delta, prob, cols, tgt[:, j * k:(j + 1) * k], g_q[:, j * k:(j + 1) * k],
+                                    g_sum[:, j:j + 1])
                 if softcap:   # × (1 - tanh²(z/c)), the softcap's derivative
                     sq = nl.ndarray((PMAX, vt), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=sq, data1=th, data2=th, op=nl.multiply)
@@ -281,9 +368,10 @@ def cross_entropy_bwd_kernel(h, w, targets, lse, g, vocab_size, softcap, block_t
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #f8fadb96
 SBUF_BLOCK_BUDGET = 160 * 1024   # bytes per partition the buffers may take (the simulator's SBUF budget is 192 KiB)
 
-def _block_tiles(N, d, itemsize, backward=True, lnc=1):
+def _block_tiles(N, d, itemsize, backward=True, lnc=1, k=0):
     """128-token tiles per block such that the block buffers and one vocabulary tile's buffers fit SBUF_BLOCK_BUDGET,
-    and every one of `lnc` logical cores gets a block."""
+    and every one of `lnc` logical cores gets a block; `k` > 0: k weighted targets a token (their columns and work
+    tiles counted too), 0: one target."""
     if backward:  # per token tile: hᵀ, h, fp32 dh; fixed: W tile, Wᵀ tile, fp32 dW share, work tiles
         per_tile, fixed = (
             d * (2 * itemsize + 4),
@@ -291,10 +379,12 @@ def _block_tiles(N, d, itemsize, backward=True, lnc=1):
         )
     else:          # per token tile: hᵀ and four running values; fixed: W tile, Wᵀ tile, one h tile, work tiles
         per_tile, fixed = d * itemsize + 16, 2 * d * (VT // PMAX) * itemsize + d * itemsize + 16 * VT * 4
+    if k:   # k targets: 12 bytes a target a token (int32, fp32, logit or g_q); work tiles: k (forward), 1 (backward)
+        per_tile, fixed = per_tile + 12 * k + 4, fixed + (1 if backward else k) * VT * 4
     return max(1, min(-(-N // (PMAX * lnc)), (SBUF_BLOCK_BUDGET - fixed) // per_tile))
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #44149dcc
-def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, backend="nki-sim"):
+def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, backend="nki-sim", weights=None):
     "Raise a ValueError naming the op, the shape and the rule the kernels cannot take; return (N, d, V, vocab_size)."
     op = f"ops.cross_entropy ({backend})"
     if reduction not in ("mean", "sum", "none"):
@@ -313,11 +403,26 @@ def check_args(h, w_head, targets, softcap=None, reduction="mean", vocab_size=No
             f"{op}: V_padded={V} (w_head {tuple(w_head.shape)}) must be a multiple of {PMAX}: the backward moves the "
             f"vocabulary tile onto the partitions in {PMAX}-row chunks"
         )
-    if tuple(targets.shape) != (N,): raise ValueError(f"{op}: targets {tuple(targets.shape)} must be [N]=[{N}]")
+    _check_targets(op, targets, weights, N)
     vs = V if vocab_size is None else int(vocab_size)
     if not 0 < vs <= V: raise ValueError(f"{op}: vocab_size={vocab_size} must be in 1..V_padded={V}")
     if N == 0: raise ValueError(f"{op}: no tokens (h {tuple(h.shape)})")
     return N, d, V, vs
+
+# %% ../../nbs/15_kernel_cross_entropy.ipynb #1f7a25a5
+def _check_targets(op, targets, weights, N):
+    "targets [N] without weights; [N, k] with weights [k], 1 <= k <= MAX_TARGETS."
+    if weights is None:
+        if tuple(targets.shape) != (N,):
+            raise ValueError(f"{op}: targets {tuple(targets.shape)} must be [N]=[{N}] (or [N, k] with weights [k])")
+        return
+    k = weights.shape[0] if weights.ndim == 1 else -1
+    if k < 1 or tuple(targets.shape) != (N, k):
+        raise ValueError(f"{op}: weights {tuple(weights.shape)} must be [k] and targets {tuple(targets.shape)} [N, k]"
+                         f"=[{N}, k]: k targets a token, one weight each")
+    if k > MAX_TARGETS:
+        raise ValueError(f"{op}: k={k} targets a token (targets {tuple(targets.shape)}): the kernels take at most "
+                         f"{MAX_TARGETS} (one [128, 512] fp32 work tile each)")
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #20c2e156
 def _matmul_dtype(h):
@@ -327,73 +432,89 @@ def _matmul_dtype(h):
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #5c9aaa4e
 def _reduce(nll, targets, reduction):
+    "As `chunked_cross_entropy`: the mean is over the counted tokens, those whose (first) target is >= 0."
     if reduction == "none": return nll
     if reduction == "sum": return nll.sum()
-    return nll.sum() / (targets >= 0).sum().clamp_min(1)   # mean over the counted tokens
+    first = targets if targets.ndim == 1 else targets[:, 0]
+    return nll.sum() / (first >= 0).sum().clamp_min(1)
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #66935548
 def _bodies(launch):
     """The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: h [Np, d] in the matmul dtype,
-    w [V, d] as it is (cast inside: nothing extra is saved), targets [Np, 1] int32 (-1: not counted)."""
+    w [V, d] as it is (cast inside: nothing extra is saved), targets [Np, k] int32 (-1: not counted), weights None
+    (k = 1) or [1, k] fp32 — a kernel input, so new weights are new data, not a new kernel."""
     def cross_entropy_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, vocab_size: int, softcap: float,
-                          fwd_tiles: int, bwd_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return launch(cross_entropy_fwd_kernel)(h, w.to(h.dtype).contiguous(), targets, vocab_size, softcap, fwd_tiles)
+                          fwd_tiles: int, bwd_tiles: int,
+                          weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        wt = () if weights is None else (weights,)   # one target: the kernel is launched as without weights
+        return launch(cross_entropy_fwd_kernel)(h, w.to(h.dtype).contiguous(), targets, vocab_size, softcap, fwd_tiles,
+                                                *wt)
 
     def cross_entropy_grad(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, g: torch.Tensor,
-                           vocab_size: int, softcap: float, bwd_tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+                           vocab_size: int, softcap: float, bwd_tiles: int,
+                           weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         launched = launch(cross_entropy_bwd_kernel)
-        dh, dw = launched(h, w.to(h.dtype).contiguous(), targets, lse, g, vocab_size, softcap, bwd_tiles)
+        wt = () if weights is None else (weights,)
+        dh, dw = launched(h, w.to(h.dtype).contiguous(), targets, lse, g, vocab_size, softcap, bwd_tiles, *wt)
         return dh, dw.sum(0)   # fp32: the logical cores' partial sums
     return cross_entropy_nll, cross_entropy_grad
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #74770a56
 def _setup(ctx, inputs, output):
-    h, w, targets, vocab_size, softcap, _, bwd_tiles = inputs
-    ctx.save_for_backward(h, w, targets, output[1])   # lse: the backward's softmax needs no second pass over V
+    h, w, targets, vocab_size, softcap, _, bwd_tiles, weights = inputs
+    ctx.save_for_backward(h, w, targets, output[1], weights)   # lse: the backward's softmax needs no pass over V
     ctx.meta = (vocab_size, softcap, bwd_tiles)
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ff7408fb
 def _backward(bwd, ctx, grad_loss, grad_lse):
-    h, w, targets, lse = ctx.saved_tensors
-    g = (grad_loss.float() * (targets >= 0)).contiguous()   # padding rows and ignored targets get no gradient
-    dh, dw = bwd(h, w, targets, lse, g, *ctx.meta)
-    return dh, dw.to(w.dtype), None, None, None, None, None
+    h, w, targets, lse, weights = ctx.saved_tensors
+    g = grad_loss.float()
+    # one target: padding rows and ignored targets get no gradient here; with weights the kernel weighs each target
+    if weights is None: g = g * (targets >= 0)
+    dh, dw = bwd(h, w, targets, lse, g.contiguous(), *ctx.meta, weights)
+    return dh, dw.to(w.dtype), None, None, None, None, None, None
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #e05b2312
-def _cross_entropy(op, backend, h, w_head, targets, softcap, reduction, vocab_size, block_tiles=None):
+def _cross_entropy(op, backend, h, w_head, targets, softcap, reduction, vocab_size, block_tiles=None, weights=None):
     """`cross_entropy` by the kernel op `op`: h cast to the matmul dtype and N padded to a multiple of 128 (targets -1),
-    both differentiably; `block_tiles` (token tiles per block) overrides the SBUF-derived blocking of both kernels."""
-    N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, backend)
+    both differentiably; `block_tiles` (token tiles per block) overrides the SBUF-derived blocking of both kernels;
+    `weights` [k] with targets [N, k]: k targets a token (a constant: no gradient flows to it)."""
+    N, d, V, vs = check_args(h, w_head, targets, softcap, reduction, vocab_size, backend, weights)
     Np = -(-N // PMAX) * PMAX
     hp = torch.nn.functional.pad(h.to(_matmul_dtype(h)), (0, 0, 0, Np - N))
-    tp = torch.nn.functional.pad(targets.to(torch.int32), (0, Np - N), value=-1)[:, None]
-    lnc = logical_cores()
-    tiles = [block_tiles or _block_tiles(N, d, hp.element_size(), backward=b, lnc=lnc) for b in (False, True)]
-    loss, _ = op(hp, w_head, tp, vs, float(softcap or 0.0), *tiles)
+    tp = torch.nn.functional.pad(targets.to(torch.int32).reshape(N, -1), (0, 0, 0, Np - N), value=-1)
+    wt = None if weights is None else weights.detach().to(torch.float32).reshape(1, -1).contiguous()
+    k, lnc = (0 if wt is None else wt.shape[1]), logical_cores()
+    tiles = [block_tiles or _block_tiles(N, d, hp.element_size(), backward=b, lnc=lnc, k=k) for b in (False, True)]
+    loss, _ = op(hp, w_head, tp, vs, float(softcap or 0.0), *tiles, wt)
     return _reduce(loss[:N, 0], targets, reduction)
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #7d4e5df9
 _SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("cross_entropy", "nki-sim")
-def cross_entropy_nki_sim(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
+def cross_entropy_nki_sim(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, weights=None):
     "The `cross_entropy` op on the NKI kernels in the CPU simulator (torch reference's signature and semantics)."
-    return _cross_entropy(_SIM_OP, "nki-sim", h, w_head, targets, softcap, reduction, vocab_size)
+    return _cross_entropy(_SIM_OP, "nki-sim", h, w_head, targets, softcap, reduction, vocab_size, weights=weights)
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #fbab6659
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #14e9470d
-def hbm_traffic(N, d, V, vocab_size=None, itemsize=4, block_tiles=None, lnc=1) -> dict:
-    "HBM bytes {'fwd'|'bwd': {'read', 'written'}} the two kernels move for padded N (a multiple of 128) on lnc cores."
+def hbm_traffic(N, d, V, vocab_size=None, itemsize=4, block_tiles=None, lnc=1, k=0) -> dict:
+    """HBM bytes {'fwd'|'bwd': {'read', 'written'}} the two kernels move for padded N (a multiple of 128) on lnc cores;
+    k > 0: k weighted targets a token (4k bytes of targets a token, the 4k bytes of weights once per partition and
+    core)."""
     vs = V if vocab_size is None else vocab_size
-    blocks = lambda bwd: -(-(N // PMAX) // (block_tiles or _block_tiles(N, d, itemsize, bwd, lnc)))
+    blocks = lambda bwd: -(-(N // PMAX) // (block_tiles or _block_tiles(N, d, itemsize, bwd, lnc, k)))
     Bf, B, Vc, b = blocks(False), blocks(True), min(-(-vs // VT) * VT, V), itemsize
     per_core = [len(core_range(B, c, lnc)) for c in range(lnc)]                  # token blocks of each core
     rmw = sum(max(n - 1, 0) for n in per_core) * Vc * d * 4  # dW read back by dma_compute
     zeros = sum(4 * (V - Vc) * d if n else 4 * V * d for n in per_core)  # zero rows (all of them on an idle core)
-    return dict(fwd=dict(read=N * d * b + Bf * Vc * d * b + 4 * N, written=8 * N),
-                bwd=dict(read=N * d * b + B * Vc * d * b + 12 * N + rmw, written=4 * N * d + 4 * B * Vc * d + zeros))
+    tw = 4 * N * max(k, 1) + PMAX * 4 * k * lnc              # targets; the weights, once per partition and core
+    return dict(fwd=dict(read=N * d * b + Bf * Vc * d * b + tw, written=8 * N),
+                bwd=dict(read=N * d * b + B * Vc * d * b + tw + 8 * N + rmw,   # h, W per block, targets, lse and g
+                         written=4 * N * d + 4 * B * Vc * d + zeros))
 
 # %% ../../nbs/15_kernel_cross_entropy.ipynb #ea6f6316
 def _register_nki(tnx=None) -> bool:
@@ -404,9 +525,9 @@ def _register_nki(tnx=None) -> bool:
     op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("cross_entropy", "nki")
-    def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None):
+    def cross_entropy_nki(h, w_head, targets, softcap=None, reduction="mean", vocab_size=None, weights=None):
         "The `cross_entropy` op on the NKI kernels on a NeuronCore."
-        return _cross_entropy(op, "nki", h, w_head, targets, softcap, reduction, vocab_size)
+        return _cross_entropy(op, "nki", h, w_head, targets, softcap, reduction, vocab_size, weights=weights)
     return True
 
 NKI_REGISTERED = _register_nki()

@@ -17,7 +17,9 @@ __all__ = ['MAX_D', 'NKI_REGISTERED', 'TOL', 'rmsnorm_fwd_kernel', 'rmsnorm_bwd_
 MAX_D = 3072     # backward: one PSUM bank per 512 columns of dweight, at most 6
 
 def _w_broadcast(w, d):
-    "Kernel helper: w [1, d] in HBM → w_bc [128, d] fp32 in SBUF (TensorE broadcast, 512 columns at a time)."
+    """Kernel helper: w [1, d] in HBM → w_bc [128, d] fp32 in SBUF (TensorE broadcast, 512 columns at a time);
+    w None (no gain) → None, nothing loaded."""
+    if w is None: return None
     w_row = nl.ndarray((1, d), dtype=w.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_row, src=w)                                      # HBM → SBUF: the gain, once
     ones = nl.ndarray((1, PMAX), dtype=w.dtype, buffer=nl.sbuf)
@@ -34,12 +36,12 @@ def _w_broadcast(w, d):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #3fae4a70
 @nki.jit
 def rmsnorm_fwd_kernel(x, w, eps):
-    """RMSNorm forward. x [N, d] (bf16 or fp32), w [1, d], eps a float; launch as `rmsnorm_fwd_kernel[lnc]`.
-    Returns y [N, d] in x's dtype and rstd [N, 1] fp32 (1/sqrt(mean(x²) + eps), saved for the backward).
-    Rows are tiled by 128 on the partition axis (a last partial tile is allowed); with 2 logical cores each takes
-    half of the row tiles."""
+    """RMSNorm forward. x [N, d] (bf16 or fp32), w [1, d] or None (no gain), eps a float; launch as
+    `rmsnorm_fwd_kernel[lnc]`. Returns y [N, d] in x's dtype and rstd [N, 1] fp32 (1/sqrt(mean(x²) + eps), saved for
+    the backward). Rows are tiled by 128 on the partition axis (a last partial tile is allowed); with 2 logical cores
+    each takes half of the row tiles."""
     N, d = x.shape
-    assert tuple(w.shape) == (1, d), f"weight must be [1, {d}], got {tuple(w.shape)}"
+    assert w is None or tuple(w.shape) == (1, d), f"weight must be [1, {d}] or None, got {tuple(w.shape)}"
     y = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((N, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     w_bc = _w_broadcast(w, d)
@@ -57,8 +59,9 @@ def rmsnorm_fwd_kernel(x, w, eps):
         r = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=r, data=ms, op0=nl.rsqrt, operand0=0.0, engine=nisa.engine.gpsimd)   # the precise rsqrt
         y_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=y_t, data=x_t, op0=nl.multiply, operand0=r,
-                                  op1=nl.multiply, operand1=w_bc[:p, :])   # (x · r) · w, fp32 inside
+        if w_bc is None: nisa.tensor_scalar(dst=y_t, data=x_t, op0=nl.multiply, operand0=r)   # x · r: no gain
+        else: nisa.scalar_tensor_tensor(dst=y_t, data=x_t, op0=nl.multiply, operand0=r,
+                                        op1=nl.multiply, operand1=w_bc[:p, :])   # (x · r) · w, fp32 inside
         nisa.dma_copy(dst=y[r0:r0 + p, :], src=y_t)                        # SBUF → HBM: y, once
         nisa.dma_copy(dst=rstd[r0:r0 + p, :], src=r)                       # SBUF → HBM: rstd, 4 B per row
     return y, rstd
@@ -66,24 +69,25 @@ def rmsnorm_fwd_kernel(x, w, eps):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #80c15803
 @nki.jit
 def rmsnorm_bwd_kernel(x, w, rstd, g):
-    """RMSNorm backward. x [N, d], w [1, d], rstd [N, 1] fp32 (from the forward), g = dL/dy [N, d]; launch as
-    `rmsnorm_bwd_kernel[lnc]` (each logical core takes its share of the row tiles).
+    """RMSNorm backward. x [N, d], w [1, d] or None (no gain), rstd [N, 1] fp32 (from the forward), g = dL/dy [N, d];
+    launch as `rmsnorm_bwd_kernel[lnc]` (each logical core takes its share of the row tiles).
     Returns dx [N, d] in x's dtype and dw [lnc, d] fp32: row c is the sum over core c's rows (accumulated in PSUM);
-    the caller adds the rows. Needs d <= 3072."""
+    the caller adds the rows. Without a gain, dx alone: no gain is loaded and no dw reduced. Needs d <= 3072."""
     N, d = x.shape
-    assert tuple(w.shape) == (1, d), f"weight must be [1, {d}], got {tuple(w.shape)}"
+    assert w is None or tuple(w.shape) == (1, d), f"weight must be [1, {d}] or None, got {tuple(w.shape)}"
     assert tuple(g.shape) == (N, d), f"g must be [{N}, {d}] like x, got {tuple(g.shape)}"
     assert tuple(rstd.shape) == (N, 1), f"rstd must be [{N}, 1], got {tuple(rstd.shape)}"
     n_chunks = (d + FMAX - 1) // FMAX
     assert n_chunks <= MAX_D // FMAX, f"d={d}: dweight needs one PSUM bank per {FMAX} columns, at most {MAX_D // FMAX}"
     dx = nl.ndarray((N, d), dtype=x.dtype, buffer=nl.shared_hbm)
     core, cores = nl.program_id(0), nl.num_programs()
-    dw = nl.ndarray((cores, d), dtype=nl.float32, buffer=nl.shared_hbm)
-    w_bc = _w_broadcast(w, d)
-    ones = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones, value=1.0)
-    # dweight accumulators: [1, ≤512] fp32 per chunk, accumulated over all row tiles by the TensorEngine
-    dw_ps = [nl.ndarray((1, min(FMAX, d - j * FMAX)), dtype=nl.float32, buffer=nl.psum) for j in range(n_chunks)]
+    w_bc = _w_broadcast(w, d)                                              # None without a gain
+    if w_bc is not None:
+        dw = nl.ndarray((cores, d), dtype=nl.float32, buffer=nl.shared_hbm)
+        ones = nl.ndarray((PMAX, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=ones, value=1.0)
+        # dweight accumulators: [1, ≤512] fp32 per chunk, accumulated over all row tiles by the TensorEngine
+        dw_ps = [nl.ndarray((1, min(FMAX, d - j * FMAX)), dtype=nl.float32, buffer=nl.psum) for j in range(n_chunks)]
     tiles = core_range((N + PMAX - 1) // PMAX, core, cores)                      # this core's row tiles
     for i in tiles:
         r0 = i * PMAX
@@ -96,8 +100,10 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
         nisa.dma_copy(dst=r, src=rstd[r0:r0 + p, :])                       # HBM → SBUF: rstd rows
         xh = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=xh, op=nl.copy, data=x_t, scale=r)             # x̂ = x·r (ScalarE, off the VectorE)
-        gw = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=gw, data1=g_t, data2=w_bc[:p, :], op=nl.multiply)   # g̃ = g ⊙ w
+        gw = g_t                                                           # g̃ = g without a gain
+        if w_bc is not None:
+            gw = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=gw, data1=g_t, data2=w_bc[:p, :], op=nl.multiply)   # g̃ = g ⊙ w
         prod = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=prod, data1=gw, data2=xh, op=nl.multiply)
         c = nl.ndarray((p, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -110,6 +116,7 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
         dx_t = nl.ndarray((p, d), dtype=x.dtype, buffer=nl.sbuf)
         nisa.activation(dst=dx_t, op=nl.copy, data=t, scale=r)              # · r (ScalarE)
         nisa.dma_copy(dst=dx[r0:r0 + p, :], src=dx_t)                      # SBUF → HBM: dx, once
+        if w_bc is None: continue                                          # no gain: no dw
         gx = nl.ndarray((p, d), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=gx, data1=g_t, data2=xh, op=nl.multiply,
                            engine=nisa.engine.gpsimd)                      # g ⊙ x̂ (GpSimd, off the VectorE)
@@ -117,6 +124,7 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
             c0 = j * FMAX
             cw = min(FMAX, d - c0)
             nisa.nc_matmul(dst=dw_ps[j], stationary=ones[:p, :], moving=gx[:, c0:c0 + cw])  # Σ_rows, += over tiles
+    if w_bc is None: return dx
     dw_sb = nl.ndarray((1, d), dtype=nl.float32, buffer=nl.sbuf)
     if len(tiles) == 0: nisa.memset(dst=dw_sb, value=0.0)                  # a core without rows adds nothing
     else:
@@ -130,24 +138,25 @@ def rmsnorm_bwd_kernel(x, w, rstd, g):
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #89ff1066
 def check_args(x, weight, eps=1e-6, backend="nki-sim"):
     """Raise a ValueError naming the op, the shape and the rule if `rms_norm(x, weight, eps)` breaks a rule of the
-    kernels."""
+    kernels (`weight` None: no gain)."""
     where = f"ops.rms_norm ({backend})"
     d = x.shape[-1] if x.dim() else 0
     if x.dim() < 1 or x.numel() == 0:
         raise ValueError(f"{where}: x of shape {tuple(x.shape)} has no rows to normalise")
-    if tuple(weight.shape) != (d,):
+    if weight is not None and tuple(weight.shape) != (d,):
         raise ValueError(f"{where}: weight shape {tuple(weight.shape)} must be ({d},) for x of shape {tuple(x.shape)}")
     if d > MAX_D:
         raise ValueError(f"{where}: x of shape {tuple(x.shape)} has d={d} > {MAX_D}: the backward keeps dweight in "
                          f"PSUM, one 2 KiB bank per {FMAX} columns, at most {MAX_D // FMAX} banks")
-    if x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype not in (torch.float32, torch.bfloat16):
+    wdt = x.dtype if weight is None else weight.dtype
+    if x.dtype not in (torch.float32, torch.bfloat16) or wdt not in (torch.float32, torch.bfloat16):
         raise ValueError(
-            f"{where}: dtypes {x.dtype}/{weight.dtype} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16"
+            f"{where}: dtypes {x.dtype}/{wdt} (x of shape {tuple(x.shape)}): the kernels take fp32 or bf16"
         )
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #693b758e
 def _bodies(launch):
-    "The kernel op's forward and backward bodies, each kernel run by `launch(kernel)`: x [N, d], w [1, d]."
+    "The kernel op's forward and backward bodies with a gain, each kernel run by `launch(kernel)`: x [N, d], w [1, d]."
     def rms_norm_fwd(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         return launch(rmsnorm_fwd_kernel)(x, w, eps)
 
@@ -167,21 +176,48 @@ def _backward(bwd, ctx, gy, grstd):
     dx, dw = bwd(x, w, rstd, gy.to(x.dtype).contiguous())
     return dx, dw.sum(0, keepdim=True).to(w.dtype), None   # dw: one fp32 row per logical core, summed
 
-# %% ../../nbs/12_kernel_rmsnorm.ipynb #2fa341a7
-def _rms_norm(op, backend, x, weight, eps):
-    "`rms_norm` by the kernel op `op`: leading dimensions flattened to rows, the gain as a [1, d] row."
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #89ab288b
+def _bodies_no_gain(launch):
+    "The kernel op's bodies without a gain (the kernels launched with w=None): x [N, d]."
+    def rms_norm_fwd_no_gain(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(rmsnorm_fwd_kernel)(x, None, eps)
+
+    def rms_norm_bwd_no_gain(x: torch.Tensor, rstd: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return launch(rmsnorm_bwd_kernel)(x, None, rstd, g)
+    return rms_norm_fwd_no_gain, rms_norm_bwd_no_gain
+
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #aa6ffd8a
+def _setup_no_gain(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], output[1])   # x, rstd
+
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #ebdcdd85
+def _backward_no_gain(bwd, ctx, gy, grstd):
+    x, rstd = ctx.saved_tensors
+    return bwd(x, rstd, gy.to(x.dtype).contiguous()), None
+
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #6789c313
+def _rms_norm(ops_, backend, x, weight, eps):
+    """`rms_norm` by the kernel ops `ops_` = (with a gain, without): leading dimensions flattened to rows, the gain as a
+    [1, d] row; `weight` None takes the op without one."""
     check_args(x, weight, eps, backend)
     d = x.shape[-1]
-    y, _ = op(x.reshape(-1, d).contiguous(), weight.reshape(1, d).contiguous(), float(eps))
+    rows = x.reshape(-1, d).contiguous()
+    if weight is None: y, _ = ops_[1](rows, float(eps))
+    else: y, _ = ops_[0](rows, weight.reshape(1, d).contiguous(), float(eps))
     return y.reshape(x.shape)
 
-# %% ../../nbs/12_kernel_rmsnorm.ipynb #89ab288b
-_SIM_OP = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: simulate(kernel[logical_cores()]))
+# %% ../../nbs/12_kernel_rmsnorm.ipynb #0859484f
+def _kernel_ops(launch, nki_op=None):
+    "The two kernel ops, (with a gain, without), each kernel run by `launch(kernel)`."
+    return (ops.kernel_op(_bodies, _setup, _backward, launch, nki_op),
+            ops.kernel_op(_bodies_no_gain, _setup_no_gain, _backward_no_gain, launch, nki_op))
+
+_SIM_OPS = _kernel_ops(lambda kernel: simulate(kernel[logical_cores()]))
 
 @ops.register("rms_norm", "nki-sim")
-def rms_norm_nki_sim(x, weight, eps=1e-6):
-    "x / sqrt(mean(x², -1) + eps) · weight by the NKI kernels in the CPU simulator."
-    return _rms_norm(_SIM_OP, "nki-sim", x, weight, eps)
+def rms_norm_nki_sim(x, weight=None, eps=1e-6):
+    "x / sqrt(mean(x², -1) + eps) · weight (None: no gain) by the NKI kernels in the CPU simulator."
+    return _rms_norm(_SIM_OPS, "nki-sim", x, weight, eps)
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #380aa974
 def _register_nki(tnx=None) -> bool:
@@ -189,12 +225,12 @@ def _register_nki(tnx=None) -> bool:
     unavailable."""
     tnx = tnx or ops.torch_neuronx_module()
     if tnx is None: return False
-    op = ops.kernel_op(_bodies, _setup, _backward, lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
+    kops = _kernel_ops(lambda kernel: tnx.wrap_nki(kernel)[logical_cores()], tnx.nki_op)
 
     @ops.register("rms_norm", "nki")
-    def rms_norm_nki(x, weight, eps=1e-6):
-        "x / sqrt(mean(x², -1) + eps) · weight by the NKI kernels on a NeuronCore."
-        return _rms_norm(op, "nki", x, weight, eps)
+    def rms_norm_nki(x, weight=None, eps=1e-6):
+        "x / sqrt(mean(x², -1) + eps) · weight (None: no gain) by the NKI kernels on a NeuronCore."
+        return _rms_norm(kops, "nki", x, weight, eps)
     return True
 
 NKI_REGISTERED = _register_nki()
@@ -203,9 +239,13 @@ NKI_REGISTERED = _register_nki()
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
 # %% ../../nbs/12_kernel_rmsnorm.ipynb #675f7fa9
-def hbm_traffic(N, d, itemsize=2, lnc=1) -> dict:
-    "HBM bytes {'fwd'|'bwd': {'compulsory', 'unfused'}} of RMSNorm on [N, d] (`itemsize` bytes per element, lnc cores)."
+def hbm_traffic(N, d, itemsize=2, lnc=1, gain=True) -> dict:
+    """HBM bytes {'fwd'|'bwd': {'compulsory', 'unfused'}} of RMSNorm on [N, d] (`itemsize` bytes per element, lnc
+    cores); `gain=False`: no gain read, no dw written, and the unfused sequence without its ·w and dw steps."""
     X, R, W = N * d * itemsize, N * 4, d * itemsize
+    if not gain:
+        return dict(fwd=dict(compulsory=X + X + R, unfused=(X + R) + (R + R) + (X + R + X)),
+                    bwd=dict(compulsory=X + R + X + X, unfused=(X + R + X) + (2 * X + R) + (2 * X + 2 * R + X)))
     return dict(
         fwd=dict(
             compulsory=X + lnc * W + X + R,  # read x, w (once per core); write y, rstd
