@@ -27,7 +27,8 @@ def estimates(config: str = "trn2-124m", recipe: str = "trn2", world: int = 8) -
     "The step estimates of `config` with PyTorch ops and with our kernels, at one rank's micro-batch and accumulation."
     mcfg, tcfg = resolve(config, recipe)
     rank = rank_batch(tcfg, mcfg.seq_len, world)
-    kw = dict(batch=rank.batch_size, accum=rank.grad_accum, world=world, optim=tcfg.optim)
+    mtp = len([w for w in str(tcfg.mtp_weights or "").split(",") if w.strip()]) or 1   # targets a token
+    kw = dict(batch=rank.batch_size, accum=rank.grad_accum, world=world, optim=tcfg.optim, mtp=mtp)
     return step_estimate(mcfg, kernels=False, **kw), step_estimate(mcfg, kernels=True, **kw), rank
 
 
@@ -63,7 +64,7 @@ def table() -> str:
 def write_readme(text: str, path: Path = ROOT / "README.md") -> bool:
     "Put `text` between the README's markers; True when the file changed."
     src = path.read_text()
-    pat = re.compile(re.escape(MARK[0]) + r"\n.*?\n" + re.escape(MARK[1]), re.S)
+    pat = re.compile(re.escape(MARK[0]) + r"\n.*?" + re.escape(MARK[1]), re.S)
     if not pat.search(src): raise SystemExit(f"{path}: no {MARK[0]} … {MARK[1]} markers; add them where the table goes")
     new = pat.sub(lambda _: f"{MARK[0]}\n{text}\n{MARK[1]}", src)
     path.write_text(new)

@@ -91,8 +91,9 @@ _KERNEL_CACHE: dict = {}
 
 def kernel_work(name: str, *shape) -> Work:
     """bf16 `Work` of one call (forward + backward) of the kernel `name` on one core, traced by `dry_run` and cached:
-    'attention' (K/V groups, T, d_head[, window, query heads a group, V heads a group]), 'rmsnorm' (N, d), 'swiglu'
-    and 'relu2_mlp' (N, d, F), 'cross_entropy' (N, d, V, softcap), every vocabulary column real."""
+    'attention' (K/V groups, T, d_head[, window, query heads a group, V heads a group]), 'rmsnorm' (N, d[, gain]),
+    'swiglu' and 'relu2_mlp' (N, d, F), 'cross_entropy' (N, d, V, softcap[, targets a token]), every vocabulary column
+    real."""
     key = (name, *shape)
     if key in _KERNEL_CACHE: return _KERNEL_CACHE[key]
     bf, f32 = (lambda *s: np.empty(s, nl.bfloat16)), (lambda *s: np.empty(s, np.float32))
@@ -105,10 +106,11 @@ def kernel_work(name: str, *shape) -> Work:
         w = (dry(attention.flash_fwd_kernel, q(), kv, v, 0, win)
              + dry(attention.flash_bwd_kernel, q(), kv, v, bf(heads, T, dh), f32(heads, T, 1), f32(heads, T, 1), 0,
                    win)) * rows
-    elif name == 'rmsnorm':
-        N, d = shape
-        w = _affine(lambda n: dry(rmsnorm.rmsnorm_fwd_kernel, bf(n, d), bf(1, d), 1e-6)
-                    + dry(rmsnorm.rmsnorm_bwd_kernel, bf(n, d), bf(1, d), f32(n, 1), bf(n, d)), N, min(N, 8 * PMAX))
+    elif name == 'rmsnorm':   # gain: False for a norm without one (no gain loaded, no dw)
+        N, d, *gain = shape
+        g = bf(1, d) if not gain or gain[0] else None
+        w = _affine(lambda n: dry(rmsnorm.rmsnorm_fwd_kernel, bf(n, d), g, 1e-6)
+                    + dry(rmsnorm.rmsnorm_bwd_kernel, bf(n, d), g, f32(n, 1), bf(n, d)), N, min(N, 8 * PMAX))
     elif name == 'swiglu':
         N, d, F = shape
         fb, nb = swiglu.fwd_block(d, F, 2), swiglu.bwd_chunk(d, 2)
@@ -132,12 +134,14 @@ def kernel_work(name: str, *shape) -> Work:
     elif (
         name == 'cross_entropy'
     ):  # linear in token blocks and in vocabulary tiles: extrapolated in both from 2 x 2 dry runs
-        N, d, V, cap = shape
-        tgt, v1 = (lambda n: np.empty((n, 1), np.int32)), min(V, 2 * cross_entropy.VT)
+        N, d, V, cap, *mtp = shape                                 # mtp: targets a token (multi-token prediction)
+        k = mtp[0] if mtp else 1
+        tgt, v1 = (lambda n: np.empty((n, k), np.int32)), min(V, 2 * cross_entropy.VT)
+        wts = f32(1, k) if k > 1 else None
         bt_f, bt_b = cross_entropy._block_tiles(N, d, 2, False), cross_entropy._block_tiles(N, d, 2, True)
-        fwd = lambda n, v: dry(cross_entropy.cross_entropy_fwd_kernel, bf(n, d), bf(v, d), tgt(n), v, cap, bt_f)
+        fwd = lambda n, v: dry(cross_entropy.cross_entropy_fwd_kernel, bf(n, d), bf(v, d), tgt(n), v, cap, bt_f, wts)
         bwd = lambda n, v: dry(
-            cross_entropy.cross_entropy_bwd_kernel, bf(n, d), bf(v, d), tgt(n), f32(n, 1), f32(n, 1), v, cap, bt_b
+            cross_entropy.cross_entropy_bwd_kernel, bf(n, d), bf(v, d), tgt(n), f32(n, 1), f32(n, 1), v, cap, bt_b, wts
         )
         w = sum(
             _affine(lambda v: _affine(lambda n: k(n, v), N, bt * PMAX), V, v1) for k, bt in ((fwd, bt_f), (bwd, bt_b))
@@ -178,7 +182,7 @@ def _layer_works(cfg, batch: int, T: int, kernels: bool) -> dict:
     ew = elementwise_work
     proj = [(N, d, a), (N, d, kv), (N, d, kv), (N, a, d)]          # q, k, v, o projections [M, K, N]
     mm = lambda shapes: sum(matmul_work(*s) * 3 for s in shapes)   # forward + dX + dW: three matmuls of equal FLOPs
-    norm = kernel_work if kernels else torch_work
+    norm = (lambda *s: kernel_work(*s, cfg.norm_gains)) if kernels else torch_work
     attention = (mm(proj)
                  + ew(N * (a + kv), ops=6) * 2          # RoPE on q and k, forward and backward (fp32 math)
                  + ew(N * a) * 9                        # layout copies: fwd qᵀ, kᵀ, v, o; bwd dO, dq, dk, dv, o
@@ -207,12 +211,12 @@ def _optimizer_works(cfg, world: int, optim: str) -> tuple[Work, Work]:
 
 # %% ../nbs/21_cost.ipynb #96e2e76b
 def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, optim: str = 'muon', hw=TRN2,
-                  kernels: bool = True, accum: int = 1) -> dict:
+                  kernels: bool = True, accum: int = 1, mtp: int = 1) -> dict:
     """Roofline estimate of one bf16 optimizer step of the GPT `cfg` (a ModelConfig) per NeuronCore: `accum`
     micro-batches of `batch` sequences of `seq_len` tokens (default cfg.seq_len) on each of `world` cores, data
     parallel, optimizer `optim` ('muon' | 'adamw'); `kernels`: our kernels where they exist, else PyTorch's ops
-    (assumption 7). Returns {'ops': {op: estimate_time breakdown + 'work'}, 'step_s', 'serial_s', 'tokens_per_s'
-    (chip), 'mfu', ...}."""
+    (assumption 7); `mtp`: targets a token the loss scores (multi-token prediction). Returns {'ops': {op:
+    estimate_time breakdown + 'work'}, 'step_s', 'serial_s', 'tokens_per_s' (chip), 'mfu', ...}."""
     if optim not in ('muon', 'adamw'): raise ValueError(f"step_estimate: optim={optim!r} must be 'muon' or 'adamw'")
     T = seq_len or cfg.seq_len
     N, d, L, H, dh, V = batch * T, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_head, cfg.padded_vocab
@@ -229,8 +233,9 @@ def step_estimate(cfg, batch: int, seq_len: int | None = None, world: int = 8, o
         'embedding': (ew(N * d, itemsize=4) + ew(N * d, reads=2, itemsize=4)) * accum,   # gather; gradient scatter-add
         'attention': (layer['attention'] * L + core) * accum,
         'MLP': layer['MLP'] * L * accum,
-        'norms & residual': (layer['norms'] * L + (kernel_work if kernels else torch_work)('rmsnorm', N, d)) * accum,
-        'loss': (kernel_work('cross_entropy', N, d, V, float(cfg.softcap)) if kernels
+        'norms & residual': (layer['norms'] * L + (kernel_work('rmsnorm', N, d, cfg.norm_gains) if kernels
+                                                   else torch_work('rmsnorm', N, d))) * accum,
+        'loss': (kernel_work('cross_entropy', N, d, V, float(cfg.softcap), mtp) if kernels
                  else torch_work('cross_entropy', N, d, V)) * accum,
         'optimizer': opt,
         'collectives': coll,
