@@ -99,15 +99,17 @@ def install_kernel_faults(faults: Faults) -> list[str]:
 DEFAULT_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}   # where a kernel module states no TOL of its own
 SLOWER_SLACK = 1.05   # "not slower": at most 5% slower than PyTorch, the noise of a median of a few timings
 
-def capture_op_calls(model, x, y, ops_wanted, autocast_ctx) -> dict:
-    "Arguments (detached copies) of the first call of each op in `ops_wanted` in one forward of `model.loss(x, y)`."
+def capture_op_calls(model, x, y, ops_wanted, autocast_ctx, loss_kw: dict | None = None) -> dict:
+    """Arguments (detached copies) of the first call of each op in `ops_wanted` in one forward of
+    `model.loss(x, y, **loss_kw)` (`loss_kw`: what the training step passes, e.g. the multi-token weights)."""
     seen = {}
     def record(op, args, kw):
         if op not in seen:
             copy_ = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t
             seen[op] = ([copy_(t) for t in args], {n: copy_(v) for n, v in kw.items()})
     spec = ",".join(f"{op}=torch" for op in ops_wanted)
-    with ops.watched(ops_wanted, record), ops.use_backend(spec), torch.no_grad(), autocast_ctx: model.loss(x, y)
+    with ops.watched(ops_wanted, record), ops.use_backend(spec), torch.no_grad(), autocast_ctx:
+        model.loss(x, y, **(loss_kw or {}))
     return seen
 
 # %% ../nbs/25_resilience.ipynb #3da5c912
@@ -173,12 +175,14 @@ def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, see
     return res
 
 # %% ../nbs/25_resilience.ipynb #68ae23d4
-def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda: None, agree=None) -> dict:
-    "{op: {'backend', 'reason', 'impl_ms', 'torch_ms', 'errors'}} for the ops `model` calls that run nki on `device`."
+def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda: None, agree=None,
+              loss_kw: dict | None = None) -> dict:
+    """{op: {'backend', 'reason', 'impl_ms', 'torch_ms', 'errors'}} for the ops `model` calls that run nki on `device`,
+    each checked on the arguments `model.loss(x, y, **loss_kw)` hands it."""
     wanted = [op for op in ops.OPS if ops.backend_for(op, device, warn=False) == "nki"]
     if not wanted: return {}
     t0 = time.perf_counter()
-    calls = capture_op_calls(model, x, y, wanted, autocast_ctx)
+    calls = capture_op_calls(model, x, y, wanted, autocast_ctx, loss_kw)
     out = {}
     for op in [op for op in wanted if op in calls]:
         if time.perf_counter() - t0 > deadline_s:

@@ -702,8 +702,10 @@ def run_preflight(run: Run) -> dict:
     _, batches = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)
     x, y = next(iter(batches))
     agree = (lambda flags: agree_max(flags, run.world, run.ctrl)) if run.world > 1 else None
+    mtp = mtp_weights_at(tcfg, 0.0)   # the loss's multi-token targets as the first steps call it (one kernel variant)
+    loss_kw = {} if mtp is None else {"mtp": torch.tensor(mtp, device=dev)}
     decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
-                          sync=lambda: synchronize(dev), agree=agree)
+                          sync=lambda: synchronize(dev), agree=agree, loss_kw=loss_kw)
     ops.pin_backends({op: "torch" for op, d in decisions.items() if d["backend"] == "torch"})
     if decisions: run.say(preflight_line(decisions))
     return decisions

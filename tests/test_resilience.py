@@ -241,3 +241,18 @@ def test_an_exported_submission_survives_kernels_that_fail_late(pydocs, tmp_path
         assert any("NF_FAULT kernel-import" in why for why in res["kernel_fallbacks"].values()), res["kernel_fallbacks"]
     else:
         assert "second variant" in res["kernel_fallbacks"]["rms_norm"], res["kernel_fallbacks"]
+
+
+def test_the_preflight_checks_the_multi_token_loss_the_run_calls():
+    "With multi-token prediction the preflight captures the loss as the step calls it: k targets a token, the weights."
+    import contextlib
+    from neuronfrontier.config import resolve
+    from neuronfrontier.model import GPT
+    from neuronfrontier.phases import mtp_weights_at
+    from neuronfrontier.resilience import capture_op_calls
+    m, t = resolve("cpu-micro", "trn2")
+    mtp = torch.tensor(mtp_weights_at(t, 0.0))
+    torch.manual_seed(0)
+    x = torch.randint(0, m.vocab_size, (1, m.seq_len))
+    args, kw = capture_op_calls(GPT(m), x, x, ["cross_entropy"], contextlib.nullcontext(), {"mtp": mtp})["cross_entropy"]
+    assert args[2].shape == (m.seq_len, 3) and torch.equal(kw["weights"], mtp)
