@@ -124,11 +124,12 @@ def kernel_work(name: str, *shape) -> Work:
         )
         bwd = lambda n: dry(swiglu.swiglu_bwd_kernel, bf(n, d), bf(F, d), bf(F, d), bf(n, F))
         w = w + bwd(nb) * (N // nb) + (bwd(N % nb) if N % nb else Work())
-    elif name == 'relu2_mlp':   # the forward one call (bf16 weights resident); the backward the wrapper's token chunks
+    elif name == 'relu2_mlp':   # the wrapper's calls: forward per block of F that fits SBUF, backward per token chunk
         N, d, F = shape
-        nb = mlp.bwd_chunk(d, 2)
-        w = _affine(lambda n: dry(mlp.relu2_mlp_fwd_kernel, bf(n, d), bf(F, d), bf(d, F), 0.35, False), N,
-                    min(N, 8 * PMAX))
+        fb, nb = mlp.fwd_block(d, F, 2), mlp.bwd_chunk(d, 2)
+        w = sum((_affine(lambda n, f=min(fb, F - f0): dry(mlp.relu2_mlp_fwd_kernel, bf(n, d), bf(f, d), bf(d, f), 0.35,
+                                                          fb < F), N, min(N, 8 * PMAX))
+                 for f0 in range(0, F, fb)), Work())
         bwd = lambda n: dry(mlp.relu2_mlp_bwd_kernel, bf(n, d), bf(F, d), bf(d, F), bf(n, d), 0.35)
         w = w + bwd(nb) * (N // nb) + (bwd(N % nb) if N % nb else Work())
     elif (

@@ -33,6 +33,15 @@ def test_token_parallel_kernels_extrapolate_exactly():
             + sum(Work.of(dry_run(M.relu2_mlp_bwd_kernel[1])(bf(n, d), bf(F, d), bf(d, F), bf(n, d), 0.35))
                   for n in [nb] * (N // nb) + ([N % nb] if N % nb else [])))
     _close(kernel_work('relu2_mlp', N, d, F), full)
+    # weights too wide for SBUF: the wrapper splits F into blocks whose fp32 partial outputs it adds; priced so too
+    N, d, F = 1024, 1280, 5120
+    fb, nb = M.fwd_block(d, F, 2), M.bwd_chunk(d, 2)
+    assert fb < F
+    full = (sum(Work.of(dry_run(M.relu2_mlp_fwd_kernel[1])(bf(N, d), bf(min(fb, F - f0), d), bf(d, min(fb, F - f0)),
+                                                             0.35, True)) for f0 in range(0, F, fb))
+            + sum(Work.of(dry_run(M.relu2_mlp_bwd_kernel[1])(bf(n, d), bf(F, d), bf(d, F), bf(n, d), 0.35))
+                  for n in [nb] * (N // nb) + ([N % nb] if N % nb else [])))
+    _close(kernel_work('relu2_mlp', N, d, F), full)
 
 
 def test_cross_entropy_extrapolates_in_blocks_and_vocabulary():
