@@ -1,0 +1,36 @@
+"""The step-time and score model calibrated on public trn2 measurements (notebook 23_calibration)."""
+from neuronfrontier import calibration as cal
+
+
+def test_loo_table_covers_each_fitted_point():
+    rows = cal.table()
+    fitted = [r for r in rows if r["fit"] in ("compiled", "eager")]
+    assert len(fitted) == len([p for p in cal.POINTS if p.fit]) >= 4
+    for r in fitted:   # each fitted point: roofline, ratio, and a leave-one-out prediction and error
+        assert r["roofline_s"] > 0 and r["ratio"] > 1 and r["loo_s"] > 0
+        assert abs(r["loo_err"] - (r["loo_s"] / r["measured_s"] - 1)) < 1e-12
+    excluded = [r for r in rows if r["fit"] == "excluded"]
+    assert excluded and all(r["why"] for r in excluded)
+    assert "LOO error" in cal.markdown_table(rows)
+
+
+def test_published_recipe_within_3pct_of_2388_steps():
+    p = cal.predict("trn2-124m", "trn2")
+    assert abs(p["steps"] / 2388 - 1) < 0.03, p["steps"]
+    assert p["label"] == "predicted from public chip measurements"
+
+
+def test_interval_contains_the_prediction():
+    p = cal.predict("trn2-124m", "trn2")
+    lo, hi = p["steps_interval"]
+    assert lo <= p["steps"] <= hi and lo < hi
+    blo, bhi = p["bpb_interval"]
+    assert blo <= p["val_bpb"] <= bhi
+    assert abs(cal.bpb_at(2388) - 0.9614) < 1e-12
+
+
+def test_kernel_prices_and_launch():
+    rows = {r["kernel"]: r for r in cal.kernel_prices()}
+    assert set(cal.KERNEL_OPS) <= set(rows) and "all of them" in rows
+    # an LNC 2 × 4 launch prices the same per-physical-core work (PD measured the two launches at one speed)
+    assert abs(cal.predict(nproc=4, lnc=2)["steps"] / cal.predict()["steps"] - 1) < 0.03
