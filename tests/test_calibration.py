@@ -34,3 +34,24 @@ def test_kernel_prices_and_launch():
     assert set(cal.KERNEL_OPS) <= set(rows) and "all of them" in rows
     # an LNC 2 × 4 launch prices the same per-physical-core work (PD measured the two launches at one speed)
     assert abs(cal.predict(nproc=4, lnc=2)["steps"] / cal.predict()["steps"] - 1) < 0.03
+
+
+def test_bpb_only_at_the_anchored_shape():
+    p = cal.predict("cpu-tiny")
+    assert p["steps"] > 0 and p["val_bpb"] is None and "not predicted" in cal.prediction_line(p)
+
+
+def test_info_prints_the_prediction(capsys):
+    from types import SimpleNamespace
+    from neuronfrontier.cli import _info
+    assert _info(SimpleNamespace(config="trn2-124m", recipe=None, sets=[])) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "PyTorch's ops" in ln)
+    assert "predicted from public chip measurements" in line and "steps (" in line and "val_bpb 0.9" in line
+
+
+def test_export_readme_states_the_prediction():
+    from neuronfrontier.shipping import prediction_note
+    note = prediction_note("trn2-124m", None, [], 8, 1)
+    assert note.count("predicted from public chip measurements") == 2 and "Sources: CHIP_EVIDENCE" in note
+    assert prediction_note("trn2-124m", None, [], 1, 1).startswith("No prediction")
