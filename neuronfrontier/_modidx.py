@@ -125,6 +125,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                             'neuronfrontier/calibration.py'),
                                             'neuronfrontier.calibration.roofline': ( 'calibration.html#roofline',
                                                                                      'neuronfrontier/calibration.py'),
+                                            'neuronfrontier.calibration.shape_checks': ( 'calibration.html#shape_checks',
+                                                                                         'neuronfrontier/calibration.py'),
                                             'neuronfrontier.calibration.table': ( 'calibration.html#table',
                                                                                   'neuronfrontier/calibration.py')},
             'neuronfrontier.checkpoint': { 'neuronfrontier.checkpoint._atomic_save': ( 'checkpoint.html#_atomic_save',

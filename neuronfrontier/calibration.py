@@ -15,8 +15,8 @@ from .phases import batch_phase
 
 # %% auto #0
 __all__ = ['SHAPES', 'POINTS', 'BUDGET_S', 'TARGET_S', 'EARLY_S', 'FREE_STEPS', 'ANCHOR_STEPS', 'ANCHOR_BPB', 'KAPPA', 'SOURCES',
-           'KERNEL_OPS', 'Point', 'roofline', 'fit', 'family', 'table', 'markdown_table', 'count_steps', 'bpb_at',
-           'predict', 'prediction_line', 'faster_ops', 'kernel_prices']
+           'SHAPE_CHECKS', 'KERNEL_OPS', 'Point', 'roofline', 'fit', 'family', 'table', 'markdown_table', 'count_steps',
+           'bpb_at', 'predict', 'prediction_line', 'shape_checks', 'faster_ops', 'kernel_prices']
 
 # %% ../nbs/23_calibration.ipynb #b9ca729e
 def _kit_shape(n_layers: int, d_model: int, seq_len: int = 1024) -> ModelConfig:
@@ -200,6 +200,21 @@ def prediction_line(p: dict) -> str:
     return (f"{p['steps']:,} steps ({p['steps_interval'][0]:,}–{p['steps_interval'][1]:,}) in the charged 30 min, "
             f"{bpb}; k{k} step "
             f"{p['step_s'][k]:.3f} s, {p['launch']}, {p['family']}: {p['label']}")
+
+# %% ../nbs/23_calibration.ipynb #66b01e3e
+SHAPE_CHECKS = (("n_layers=10", (-0.11, -0.06), "FrontierForge, F, 3 pairs (depth 10 or 2 KV heads)"),
+                ("n_kv_heads=2", (-0.11, -0.06), "FrontierForge, F, 3 pairs (depth 10 or 2 KV heads)"),
+                ("n_layers=8", (0.106, 0.106), "FrontierForge, F, n=2"))
+
+def shape_checks() -> list[dict]:
+    "Each measured shape change: the predicted relative step count against the measured one (or range)."
+    base = predict("trn2-124m", "trn2")["steps"]
+    out = []
+    for change, (lo, hi), src in SHAPE_CHECKS:
+        d = predict("trn2-124m", "trn2", [change])["steps"] / base - 1
+        out.append(dict(change=change, predicted=d, measured=(lo, hi), source=src,
+                        inside=lo - 0.01 <= d <= hi + 0.01))   # within a point of the measured range
+    return out
 
 # %% ../nbs/23_calibration.ipynb #186ae144
 KERNEL_OPS = {"attention": "attention", "rmsnorm": "norms & residual", "relu2_mlp": "MLP", "cross_entropy": "loss"}
