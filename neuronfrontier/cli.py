@@ -539,7 +539,20 @@ def _info(a) -> int:
                     group = groups[k]
                     print(f" {group}:")
                 print(f"  {k:20s} {v!s:>14}  {src}")
+        _info_prediction(a)
     return 0
+
+def _info_prediction(a) -> None:
+    "The preset's steps and val_bpb on one trn2 chip, predicted from public chip measurements (notebook 23)."
+    from neuronfrontier.calibration import predict, prediction_line, faster_ops
+    try:
+        torch_ = predict(a.config, a.recipe, a.sets)
+        ours = predict(a.config, a.recipe, a.sets, kernels=faster_ops(a.config, a.recipe, a.sets))
+    except ValueError as e:   # a batch the chip's 8 processes cannot split
+        print(f"\non one trn2 chip: no prediction ({e})")
+        return
+    print(f"\non one trn2 chip (LNC 1 x 8, compiled), PyTorch's ops: {prediction_line(torch_)}")
+    print(f"  with our kernels where their roofline is faster: {prediction_line(ours)}")
 
 # %% ../nbs/99_cli.ipynb #11dc670e
 def _dashboard(a) -> int:

@@ -14,13 +14,16 @@ from .hw import TRN2, GiB
 from .loss import auto_chunk_size
 from .optim import muon_shapes
 from .cost import step_estimate
+from . import calibration
+from functools import lru_cache
 from .rehearsal import HBM_MARGIN, hbm_per_rank
 
 # %% auto #0
-__all__ = ['CHINCHILLA', 'K_LAYER', 'K_OUTSIDE', 'ASSUMED_MFU', 'STARTUP_S', 'DATA_TOKENS', 'ASPECT', 'DEPTHS', 'SHAPE_FIELDS',
-           'CAVEAT', 'CAVEAT_PUBLISHED', 'NOT_MODELLED', 'nonneg_lstsq', 'law', 'fit_scaling', 'predict',
-           'compute_optimal', 'memory_per_rank', 'memory_limit', 'batch_rule', 'kit_shape', 'largest_fitting_rows',
-           'load_fit', 'extrapolation', 'plan', 'preset', 'format_plan', 'parse_duration', 'cli_plan']
+__all__ = ['CHINCHILLA', 'K_LAYER', 'K_OUTSIDE', 'ASSUMED_MFU', 'STARTUP_S', 'DATA_TOKENS', 'ASPECT', 'DEPTHS', 'STEP_LABEL',
+           'SHAPE_FIELDS', 'CAVEAT', 'CAVEAT_PUBLISHED', 'NOT_MODELLED', 'nonneg_lstsq', 'law', 'fit_scaling',
+           'predict', 'compute_optimal', 'memory_per_rank', 'memory_limit', 'batch_rule', 'kit_shape',
+           'largest_fitting_rows', 'calibrated_step', 'load_fit', 'extrapolation', 'plan', 'preset', 'format_plan',
+           'parse_duration', 'cli_plan']
 
 # %% ../nbs/94_plan.ipynb #6334f041
 _SUBSETS = [cols for k in (3, 2, 1) for cols in itertools.combinations(range(3), k)]
@@ -155,21 +158,40 @@ def largest_fitting_rows(m, rows: int, world: int, limit: float) -> int:
                default=0)
 
 # %% ../nbs/94_plan.ipynb #2e9a1502
+STEP_LABEL = ("predicted from public chip measurements (calibrated roofline: notebook 23's compiled fit a + b · "
+              "cost.step_estimate(kernels=False), fitted on one trn2 chip at 1,024-token rows; extrapolated to this "
+              "launch and row length, the links between chips not in it)")
+
+@lru_cache(maxsize=1)
+def _compiled_fit() -> tuple[float, float]:
+    return calibration.fit(calibration.family("compiled"))
+
+def calibrated_step(m, micro: int, accum: int, world: int) -> tuple[float, float]:
+    """(calibrated, roofline) seconds of an optimizer step of `accum` micro-batches of `micro` rows a rank on `world`
+    ranks: the roofline `cost.step_estimate(kernels=False)` and calibration's compiled fit a + b · roofline (trn2)."""
+    r = step_estimate(m, micro, m.seq_len, world, kernels=False, accum=accum)["step_s"]
+    a, b = _compiled_fit()
+    return a + b * r, r
+
+# %% ../nbs/94_plan.ipynb #6370439d
 def _candidate(fit: dict, m, train_s: float, chips: int, world: int, mfu: float, data_tokens: float,
-               limit: float) -> dict:
-    "One shape's row of the plan: throughput, tokens, predicted loss, global batch, micro-batch and memory."
+               limit: float, calibrated: bool = True) -> dict:
+    """One shape's row of the plan: throughput, tokens, predicted loss, global batch, micro-batch and memory; the
+    throughput from `calibrated_step` (trn2), else from the assumed `mfu`."""
     T = m.seq_len
     fpt = m.flops_per_token(T)
-    tok_s = mfu * chips * TRN2.peak("bf16") / fpt
+    row_tokens = world * T
+    tok_s = mfu * chips * TRN2.peak("bf16") / fpt     # the assumed MFU: the batch rule's start
+    for _ in range(2 if calibrated else 1):           # calibrated: the rule once more at the calibrated compute
+        B_rule = batch_rule(fpt * train_s * tok_s)
+        rows = max(1, round(B_rule / row_tokens))
+        micro = largest_fitting_rows(m, rows, world, limit)
+        if calibrated and micro: tok_s = rows * row_tokens / calibrated_step(m, micro, rows // micro, world)[0]
     D_time = train_s * tok_s
     C = fpt * D_time
-    B_rule = batch_rule(C)
-    row_tokens = world * T
-    rows = max(1, round(B_rule / row_tokens))
-    micro = largest_fitting_rows(m, rows, world, limit)
     N = m.n_params(embedding=False)
     return dict(depth=m.n_layers, d_model=m.d_model, N=N, N_total=m.n_params(), flops_per_token=fpt, tok_s=tok_s,
-                D_time=D_time, D=min(D_time, data_tokens), C=C, batch_rule=B_rule,
+                D_time=D_time, D=min(D_time, data_tokens), C=C, batch_rule=B_rule, step_s=rows * row_tokens / tok_s,
                 global_batch_tokens=rows * row_tokens, rows_per_rank=rows, micro_rows=micro,
                 memory=memory_per_rank(m, max(micro, 1), world), fits=micro > 0,
                 loss_uncapped=float(predict(fit, N, D_time)), loss=float(predict(fit, N, min(D_time, data_tokens))))
@@ -229,10 +251,11 @@ def extrapolation(fit: dict, N: float, D: float) -> list[str]:
 # %% ../nbs/94_plan.ipynb #1cca4872
 def plan(budget_s: float, chips: int = 16, fit=None, mfu: float = ASSUMED_MFU, lnc: int = 1, seq_len: int = 2048,
          startup_s: float = STARTUP_S, data_tokens: float = DATA_TOKENS, margin: float = HBM_MARGIN,
-         depths=DEPTHS, reference: bool = True) -> dict:
+         depths=DEPTHS, reference: bool = True, calibrated: bool = True) -> dict:
     """The kit shape, global batch and tokens with the lowest predicted loss for `budget_s` seconds on `chips` trn2
     chips (chips·8/lnc ranks, FSDP2), from the scaling `fit` (see `load_fit`); what binds; the roofline step time;
-    how far the fit is extrapolated; with `reference`, what Chinchilla's published fit chooses under the same limits."""
+    how far the fit is extrapolated; with `reference`, what Chinchilla's published fit chooses under the same limits.
+    `calibrated`: step times predicted from public trn2 measurements (`calibrated_step`), else the assumed `mfu`."""
     if chips < 1: raise ValueError(f"--chips {chips}: must be at least 1")
     if not 0 < mfu <= 1: raise ValueError(f"--mfu {mfu}: an achieved MFU lies in (0, 1]")
     if lnc not in (1, 2): raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
@@ -243,30 +266,33 @@ def plan(budget_s: float, chips: int = 16, fit=None, mfu: float = ASSUMED_MFU, l
     f = load_fit(fit)
     world = chips * TRN2.cores // lnc
     limit = memory_limit(lnc, margin)
-    cands = [_candidate(f, kit_shape(L, seq_len), train_s, chips, world, mfu, data_tokens, limit) for L in depths]
+    cands = [_candidate(f, kit_shape(L, seq_len), train_s, chips, world, mfu, data_tokens, limit, calibrated)
+             for L in depths]
     free = min(cands, key=lambda c: c["loss_uncapped"])
     best = min((c for c in cands if c["fits"]), key=lambda c: c["loss"], default=None)
     if best is None: raise ValueError(f"no kit shape of depth {min(depths)}-{max(depths)} fits one rank's "
                                       f"{limit / GiB:.1f} GiB with one row of {seq_len} tokens; try --lnc 2")
     m = kit_shape(best["depth"], seq_len)
-    est = step_estimate(m, best["rows_per_rank"], seq_len, world)
-    step_mfu = best["global_batch_tokens"] / best["tok_s"]
-    step_s = max(step_mfu, est["step_s"])
+    micro, accum = max(best["micro_rows"], 1), best["rows_per_rank"] // max(best["micro_rows"], 1)
+    est = step_estimate(m, micro, seq_len, world, kernels=False, accum=accum)   # PyTorch's ops: the calibrated ones
+    step_mfu = best["global_batch_tokens"] * best["flops_per_token"] / (mfu * chips * TRN2.peak("bf16"))
+    step_s = best["step_s"] if calibrated else max(step_mfu, est["step_s"])
     tokens = min(train_s * best["global_batch_tokens"] / step_s, data_tokens)
     steps = int(tokens // best["global_batch_tokens"])
     N_opt, D_opt = compute_optimal(f, best["C"], best["flops_per_token"] / best["N"])
     binds = _binding(best, free, world, seq_len, data_tokens)
-    if est["step_s"] > step_mfu:
+    if not calibrated and est["step_s"] > step_mfu:
         binds.append(("step time", f"the roofline step ({est['step_s']:.3f} s) is slower than {mfu:.0%} MFU's"))
     train = replace(TRAIN_DEFAULTS["dense-124m"], batch_size=best["micro_rows"],
                     global_batch_tokens=best["global_batch_tokens"], eval_seq_len=seq_len, fsdp=True)
     ref = None
     if reference and fit != "chinchilla":
         r = plan(budget_s, chips, fit="chinchilla", mfu=mfu, lnc=lnc, seq_len=seq_len, startup_s=startup_s,
-                 data_tokens=data_tokens, margin=margin, depths=depths, reference=False)
+                 data_tokens=data_tokens, margin=margin, depths=depths, reference=False, calibrated=calibrated)
         ref = dict(depth=r["model"].n_layers, d_model=r["model"].d_model, N=r["chosen"]["N"], tokens=r["tokens"],
                    global_batch_tokens=r["chosen"]["global_batch_tokens"], binding=r["binding"])
     return dict(budget_s=budget_s, chips=chips, lnc=lnc, world=world, train_s=train_s, mfu=mfu, startup_s=startup_s,
+                calibrated=calibrated, step_label=STEP_LABEL if calibrated else f"at an assumed {mfu:.0%} MFU",
                 data_tokens=data_tokens, model=m, train=train, chosen=best, unconstrained=free, candidates=cands,
                 steps=steps, tokens=tokens, step_s=step_s, step_s_mfu=step_mfu, step_s_roofline=est["step_s"],
                 roofline_mfu=est["mfu"], memory=best["memory"], memory_limit=limit, hbm_per_rank=hbm_per_rank(lnc),
@@ -281,8 +307,9 @@ CAVEAT = ("extrapolated: the fit is made on small CPU runs on Python documentati
 CAVEAT_PUBLISHED = ("Chinchilla's coefficients are nats per token on MassiveText: the shape they choose compares, the "
                     "predicted loss does not")
 
-NOT_MODELLED = ("host dispatch, the links between chips and every latency (the step time is cost.step_estimate's "
-                "roofline or the assumed MFU, the slower); the data loader; compilation")
+NOT_MODELLED = ("the links between chips (the calibrated step time is fitted on one trn2 chip; with --mfu the step "
+                "time is cost.step_estimate's roofline or the assumed MFU, the slower, and host dispatch and every "
+                "latency are not in it either); the data loader; compilation")
 
 def preset(p: dict, name: str | None = None) -> dict:
     """The JSON preset of a plan `p`: name, model (shape fields), recipe, train (the fields that differ from
@@ -303,14 +330,15 @@ def preset(p: dict, name: str | None = None) -> dict:
             caveat=CAVEAT if f.get("span") else CAVEAT_PUBLISHED,
             params=dict(N_non_embedding=c["N"], total=c["N_total"]),
             predicted=dict(val_bpb_extrapolated=round(p["predicted_loss"], 4), steps=p["steps"], tokens=p["tokens"],
-                           step_s=round(p["step_s"], 4), label=f"step time at an assumed {p['mfu']:.0%} MFU"),
+                           step_s=round(p["step_s"], 4), label=f"step time {p['step_label']}"),
             roofline=dict(step_s=round(p["step_s_roofline"], 4), mfu=round(p["roofline_mfu"], 3),
                           label="roofline estimate (cost.step_estimate), not measured"),
             memory_per_rank_gib=round(p["memory"]["total"] / GiB, 2),
             memory_limit_gib=round(p["memory_limit"] / GiB, 2),
             binding=p["binding"], binds=[f"{k}: {why}" for k, why in p["binds"]],
             extrapolation=p["extrapolation"], reference_chinchilla=p["reference"], not_modelled=NOT_MODELLED,
-            assumptions=dict(mfu=p["mfu"], startup_s=p["startup_s"], data_tokens=p["data_tokens"],
+            assumptions=dict(mfu=p["mfu"], calibrated=p["calibrated"], startup_s=p["startup_s"],
+                             data_tokens=p["data_tokens"],
                              hbm_margin=HBM_MARGIN, batch_rule="DeepSeek LLM B_opt = 0.292 C^0.3271 (published)")))
 
 # %% ../nbs/94_plan.ipynb #1d9447a4
@@ -339,8 +367,8 @@ def format_plan(p: dict) -> str:
         f"{c['micro_rows']}, accumulation {c['rows_per_rank'] // c['micro_rows']})",
         f"  {'steps':28s} {p['steps']:,}",
         f"  {'tokens':28s} {p['tokens']:.3g}",
-        f"  {'step time':28s} {p['step_s']:.3f} s at an assumed {p['mfu']:.0%} MFU (roofline estimate "
-        f"{p['step_s_roofline']:.3f} s, {p['roofline_mfu']:.0%} MFU; not measured)",
+        f"  {'step time':28s} {p['step_s']:.3f} s {p['step_label']}; roofline estimate "
+        f"{p['step_s_roofline']:.3f} s ({p['roofline_mfu']:.0%} MFU), not measured",
         f"  {'memory per rank':28s} {gib(mem['total'])} of {gib(p['memory_limit'])} usable "
         f"({gib(p['hbm_per_rank'])} HBM less {HBM_MARGIN:.0%}): sharded parameters, gradients and optimizer state "
         f"{gib(mem['parameters'] + mem['gradients'] + mem['optimizer_state'])}, FSDP gathers "
@@ -373,11 +401,12 @@ def parse_duration(text, flag: str = "--budget") -> float:
 # %% ../nbs/94_plan.ipynb #914634b9
 def cli_plan(a) -> int:
     """`neuronfrontier plan`: the plan for `a.budget` on `a.chips` chips printed, its preset written to `a.out`
-    (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens)."""
+    (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens); `--mfu` replaces the calibrated
+    step time with the assumed MFU's."""
     tokens = DATA_TOKENS if a.data_tokens is None else a.data_tokens
     if not tokens > 0: raise ValueError(f"--data-tokens {tokens:g}: must be > 0 (ClimbMix: 4e11)")
     p = plan(parse_duration(a.budget), a.chips, fit=a.fit, mfu=ASSUMED_MFU if a.mfu is None else a.mfu, lnc=a.lnc,
-             startup_s=parse_duration(a.startup, "--startup"), data_tokens=tokens)
+             startup_s=parse_duration(a.startup, "--startup"), data_tokens=tokens, calibrated=a.mfu is None)
     print(format_plan(p))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ import pytest
 from conftest import cli
 from neuronfrontier.config import TrainConfig
 from neuronfrontier.plan import (CHINCHILLA, compute_optimal, fit_scaling, law, memory_limit, memory_per_rank,
-                                 nonneg_lstsq, parse_duration, plan, predict, preset)
+                                 nonneg_lstsq, parse_duration, plan, predict, preset, format_plan)
 
 TRUE = dict(E=1.2, A=80.0, alpha=0.36, B=300.0, beta=0.41)
 GRID = [dict(N=n, D=d) for n in (1e6, 3e6, 1e7, 3e7) for d in (1e5, 3e5, 1e6, 3e6)]
@@ -123,3 +123,23 @@ def test_cli_plan_prints_the_plan_and_writes_the_preset(tmp_path):
 def test_cli_plan_bad_budget_is_one_line(tmp_path):
     r = cli("plan", "--budget", "4 days", "--chips", "16", "--out", tmp_path / "p.json")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "4h, 30m, 90s" in r.stderr
+
+
+def test_plan_step_time_is_the_calibrated_prediction_on_trn2():
+    from neuronfrontier.calibration import family, fit
+    from neuronfrontier.cost import step_estimate
+    p = plan(4 * 3600, 16, fit="chinchilla")                # the default: calibrated on public trn2 measurements
+    c, m = p["chosen"], p["model"]
+    a, b = fit(family("compiled"))
+    roof = step_estimate(m, c["micro_rows"], m.seq_len, p["world"], kernels=False,
+                         accum=c["rows_per_rank"] // c["micro_rows"])["step_s"]
+    assert p["calibrated"] and p["step_s"] == pytest.approx(a + b * roof, rel=1e-9)
+    assert p["step_s_roofline"] == pytest.approx(roof, rel=1e-9) and p["step_s"] != pytest.approx(p["step_s_mfu"])
+    assert p["steps"] == int(p["tokens"] // c["global_batch_tokens"])
+    assert p["tokens"] == pytest.approx(p["train_s"] * c["global_batch_tokens"] / p["step_s"], rel=1e-9)
+    text = format_plan(p)
+    assert "predicted from public chip measurements (calibrated roofline" in text and "trn2" in text
+    assert "predicted from public chip measurements" in preset(p)["provenance"]["predicted"]["label"]
+    q = plan(4 * 3600, 16, fit="chinchilla", calibrated=False)   # --mfu: the assumed MFU's step
+    assert q["step_s"] == pytest.approx(max(q["step_s_mfu"], q["step_s_roofline"]))
+    assert "assumed 30% MFU" in format_plan(q)
