@@ -151,7 +151,7 @@ _TOOLS["plan"] = ("a Phase-2 preset from the scaling fit of our CPU runs: shape,
     "--out": dict(default="runs/plan/preset.json", help="where the preset JSON goes"),
     "--fit": dict(default=None, help="scaling results file (default nbs/results/scaling_fit.json) or 'chinchilla' "
                                      "for the published coefficients"),
-    "--mfu": dict(type=float, default=None, help="achieved MFU assumed (default plan.ASSUMED_MFU, 0.30)"),
+    "--mfu": dict(type=float, default=None, help="an MFU to assume instead of the calibrated step time"),
     "--lnc": dict(type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)"),
     "--startup": dict(default="600s", help="start-up allowance taken off the budget (default 600s)"),
     "--data-tokens": dict(type=float, default=None, help="unique training tokens (default plan.DATA_TOKENS, 4e11)")})])
