@@ -41,6 +41,7 @@ def test_speedrun_prints_val_bpb_and_writes_run_dir(pydocs, tmp_path):
     assert abs(float(e.stdout.strip().split("val_bpb=")[1]) - res["val_bpb"]) < 5e-5
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_same_seed_same_losses(pydocs, tmp_path):
     losses = []
     for i in range(2):

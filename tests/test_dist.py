@@ -160,6 +160,7 @@ def test_sigterm_on_the_launcher_stops_both_ranks_interrupted_with_a_checkpoint(
     assert torch.load(out / "resume.pt", weights_only=True)["state"]["step"] == res["steps"]
 
 
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_global_batch_is_the_same_on_any_launch_shape(pydocs, tmp_path):
     "`global_batch_tokens`: 1 process accumulates what 2 processes split; the tokens a step and the schedule agree."
     res = {}

@@ -70,6 +70,7 @@ def test_nki_backend_registers_through_nki_op(fake_torch_neuronx):
 
 
 # 17 s on a quiet 2-core CPU (measured on CPU)
+@pytest.mark.slow   # over 30 s on the CI's 2-core machine (pytest --durations, 2026-12-06)
 def test_cpu_tiny_moe_training_matches_torch():
     "cpu-tiny-moe, 10 AdamW steps, fp32, experts by the nki-sim kernels: the torch losses within 1e-4."
     ref = train_losses("cpu-tiny-moe", "torch", batch=1)

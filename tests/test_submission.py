@@ -149,7 +149,8 @@ BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must f
 }
 
 
-@pytest.mark.parametrize("name", list(BROKEN))
+# the hook fixture runs the longest (over 30 s on the CI's machine): behind `slow`
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "hook" else n for n in BROKEN])
 def test_check_fails_each_broken_fixture(sub, tmp_path, name):
     (fname, edit), row, why = BROKEN[name]
     d = tmp_path / "broken"
