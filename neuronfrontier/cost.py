@@ -192,8 +192,7 @@ def _layer_works(cfg, batch: int, T: int, kernels: bool) -> dict:
     if cfg.mlp == 'swiglu':
         mlp = (kernel_work('swiglu', N, d, F) + mm([(N, F, d)])) if kernels else torch_work('swiglu', N, d, F)
     else:
-        fused = kernels and 'relu2_mlp' in KERNEL_OPS
-        mlp = (kernel_work if fused else torch_work)('relu2_mlp', N, d, F)
+        mlp = (kernel_work if kernels else torch_work)('relu2_mlp', N, d, F)
     norms = norm('rmsnorm', N, d) * 2 + ew(N * d, reads=2) * 4   # residual adds: two forward, two gradient sums back
     return {'attention': attention, 'MLP': mlp, 'norms': norms}
 
