@@ -16,9 +16,9 @@ DEFAULT_CORE = "data/cache/eval_bundle"   # where `prepare --core` puts the CORE
 
 _RUN = {
     "--config": dict(default="cpu-tiny", help="model preset (see `neuronfrontier info`)"),
-    "--recipe": dict(default=None, help="named bundle of overrides: kit (the competition kit's baseline; the default "
-                                        "of dense-124m and cpu-tiny), frontier (the other presets' default), baseline, "
-                                        "kit-eval"),
+    "--recipe": dict(default=None, help="named bundle of overrides: trn2 (FrontierForge's K82s4; the default of "
+                                        "trn2-124m), kit (the competition kit's baseline; the default of dense-124m "
+                                        "and cpu-tiny), frontier (the other presets' default), baseline, kit-eval"),
     "--set": dict(dest="sets", action="append", default=[], metavar="KEY=VALUE",
                   help="override a setting by its name (repeatable; `neuronfrontier info --config C` lists them)"),
     "--seed": dict(type=int, default=0, help="training seed (default 0)"),

@@ -58,7 +58,7 @@ FIELD_SOURCES: dict[str, str] = {
                "on Neuron by default, inside the free start-up; elsewhere opt-in",
     "charge_warmup": "runtime: charged mode only; wall mode counts everything",
     "eval_tokens": "measured here: a fixed 131,072-token evaluation so runs compare (the organisers score separately)",
-    "eval_seq_len": "rules: the scorer's rows are 2,048 tokens; CPU presets score 512",
+    "eval_seq_len": "runtime: CPU presets score 512-token rows (the scorer's: 1,024, CHIP_EVIDENCE 1)",
     "eval_batch_size": "runtime: rows per evaluation forward",
     "eval_dtype": "runtime: fp32 evaluation",
     "log_every": "runtime: steps between logged (synchronised) losses",
@@ -95,7 +95,7 @@ PRESET_SOURCES: dict[str, dict[str, str]] = {
         "batch_size": "measured here: the largest micro-batch; the export's memory plan fits it (93_rehearsal)",
         "global_batch_tokens": "2^18 tokens a step on any launch shape (the kit's 2^19 is a GPU batch; 60_recipe)",
         "dtype": "kit: bf16 autocast on the chip, as the kit trains (auto is bf16 on trn2: 02_precision)",
-        "eval_seq_len": "rules: the organisers score rows of 2,048 tokens",
+        "eval_seq_len": "kit lineage: autoresearch's 2,048-token rows (the scorer's: 1,024, CHIP_EVIDENCE 1)",
     },
     "cpu-tiny": {
         "batch_size": "measured here: batch 4 vs 8 within noise on cpu-tiny (60_recipe, screening sweeps)",
