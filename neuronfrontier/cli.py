@@ -10,13 +10,19 @@ from .config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL
 from .flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
-__all__ = ['COMMANDS', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
+__all__ = ['COMMANDS', 'LONG_RUN_S', 'SIGPIPE_EXIT', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'stdout_closed',
+           'main']
 
 # %% ../nbs/99_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message): raise UserError(f"{self.prog}: {message}")
+
+    def _parse_optional(self, arg_string):
+        "A word such as -1h or -5 is a value, not a flag: `--budget -1h` reaches the check that explains the mistake."
+        if len(arg_string) > 1 and arg_string[0] == "-" and arg_string[1].isdigit(): return None
+        return super()._parse_optional(arg_string)
 
 # %% ../nbs/99_cli.ipynb #9256ef73
 _RUN_GROUPS = [flag_group(title) for title in ("what to train", "clock", "machines", "files")]
@@ -144,11 +150,12 @@ _TOOLS: dict[str, tuple[str, list]] = {
 }
 
 # %% ../nbs/99_cli.ipynb #85fde74b
-_TOOLS["plan"] = ("a Phase-2 preset from the scaling fit of our CPU runs: shape, batch, tokens, step time (roofline "
-                  "estimate), memory per rank, the binding constraint", [("plan", {
-    "--budget": dict(required=True, help="wall-clock budget: 4h, 30m, 90s or seconds"),
+_TOOLS["plan"] = ("a Phase-2 plan: step time, steps and memory per rank predicted from public trn2 measurements, "
+                  "then the shape a scaling fit of our CPU runs picks (extrapolated) and what binds; --out writes the "
+                  "preset", [("plan", {
+    "--budget": dict(required=True, help="wall-clock budget, positive: 4h, 30m, 90s or seconds"),
     "--chips": dict(type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)"),
-    "--out": dict(default="runs/plan/preset.json", help="where the preset JSON goes"),
+    "--out": dict(default=None, metavar="FILE", help="write the preset JSON to FILE (default: print only)"),
     "--fit": dict(default=None, help="scaling results file (default nbs/results/scaling_fit.json) or 'chinchilla' "
                                      "for the published coefficients"),
     "--mfu": dict(type=float, default=None, help="an MFU to assume instead of the calibrated step time"),
@@ -513,10 +520,10 @@ def _info(a) -> int:
     from neuronfrontier.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names,
                                        setting_groups)
     names = [a.config] if a.config else list(CONFIGS)
+    models = {n: resolve(n, a.recipe, a.sets)[0] for n in names}   # a bad preset or --set fails before any output
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
           f"layers x d_model (heads x d_head), MLP, seq  tiles")
-    for n in names:
-        m, _ = resolve(n, a.recipe, a.sets)
+    for n, m in models.items():
         mlp = (
             f"{m.n_experts} experts x {m.d_expert} top-{m.top_k}"
             + (f" +{m.n_shared_experts} shared" if m.n_shared_experts else "")
@@ -587,9 +594,29 @@ def _kernels_report(a) -> int:
     print(f"wrote {out}")
     return 0
 
-# %% ../nbs/99_cli.ipynb #a4e4e4c6
+# %% ../nbs/99_cli.ipynb #e2cd091a
+SIGPIPE_EXIT = 128 + 13   # a shell's exit status for a command ended by SIGPIPE (13)
+
+def stdout_closed() -> int:
+    "Stdout's reader has gone: stdout goes to /dev/null (so the last flush at exit cannot fail); returns 141."
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try: os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError): pass   # stdout is no file (a notebook's): nothing to flush
+    finally: os.close(devnull)
+    return SIGPIPE_EXIT
+
+# %% ../nbs/99_cli.ipynb #663afe01
 def main(argv=None) -> int:
-    "Console entry point; returns the exit code (2 for user errors, printed as one line on stderr)."
+    """Console entry point; returns the exit code (2 for user errors, printed as one line on stderr; 141 when stdout
+    closes early)."""
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()   # inside the try: a reader gone before the last buffered line is caught here too
+        return rc
+    except BrokenPipeError:
+        return stdout_closed()
+
+def _main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         if a.cmd == "prepare":

@@ -341,11 +341,34 @@ def preset(p: dict, name: str | None = None) -> dict:
                              data_tokens=p["data_tokens"],
                              hbm_margin=HBM_MARGIN, batch_rule="DeepSeek LLM B_opt = 0.292 C^0.3271 (published)")))
 
-# %% ../nbs/94_plan.ipynb #1d9447a4
-def format_plan(p: dict) -> str:
-    "The plan as text: the recommendation table, the fit it used, what binds, the caveat."
-    m, c, f, mem = p["model"], p["chosen"], p["fit"], p["memory"]
+# %% ../nbs/94_plan.ipynb #4c5da3e6
+def _predicted_lines(p: dict) -> list[str]:
+    "What the plan can back, for the chosen shape: step time, steps, tokens, global batch and memory per rank."
+    m, c, mem = p["model"], p["chosen"], p["memory"]
     gib = lambda b: f"{b / GiB:.2f} GiB"
+    source = ("predicted from public trn2 measurements, not measured here" if p["calibrated"]
+              else f"at an assumed {p['mfu']:.0%} MFU (an assumption, not a measurement)")
+    return [
+        f"what the plan can back — {source} — for {m.n_layers} x {m.d_model}, the shape picked below:",
+        f"  {'step time':28s} {p['step_s']:.3f} s {p['step_label']}; roofline estimate "
+        f"{p['step_s_roofline']:.3f} s ({p['roofline_mfu']:.0%} MFU), not measured",
+        f"  {'steps':28s} {p['steps']:,} in {p['train_s']:g} s of training",
+        f"  {'tokens':28s} {p['tokens']:.3g}",
+        f"  {'global batch':28s} {c['global_batch_tokens']:,} tokens ({c['rows_per_rank']} rows a rank, micro-batch "
+        f"{c['micro_rows']}, accumulation {c['rows_per_rank'] // c['micro_rows']}; DeepSeek LLM's published batch "
+        "rule)",
+        f"  {'memory per rank':28s} {gib(mem['total'])} of {gib(p['memory_limit'])} usable "
+        f"({gib(p['hbm_per_rank'])} HBM less {HBM_MARGIN:.0%}), modelled and checked against the rehearsal's trace: "
+        f"sharded parameters, gradients and optimizer state "
+        f"{gib(mem['parameters'] + mem['gradients'] + mem['optimizer_state'])}, FSDP gathers "
+        f"{gib(mem['fsdp'])}, autocast copies {gib(mem['autocast'])}, activations {gib(mem['activations'])}",
+    ]
+
+# %% ../nbs/94_plan.ipynb #6c64017f
+def _shape_lines(p: dict) -> list[str]:
+    "The shape the scaling fit picks, then why it is a guess: the caveat, the extrapolation, the reference, the fit."
+    m, c, f = p["model"], p["chosen"], p["fit"]
+    ours = bool(f.get("span"))
     err = f"leave-one-out RMSE {f['loo_rmse']:.4f} bpb over {f['n']} runs" if f.get("loo_rmse") else f.get("source", "")
     ho = f.get("holdout") or {}
     held = (f"; held-out run predicted {ho['prediction']:.4f} ± {ho['error']:.4f}, measured {ho['measurement']:.4f}"
@@ -354,60 +377,60 @@ def format_plan(p: dict) -> str:
     reference = [f"reference: Chinchilla's published fit under the same limits chooses {r['depth']} x {r['d_model']} "
                  f"(N = {r['N']:.3g}), {r['tokens']:.3g} tokens, global batch {r['global_batch_tokens']:,}; "
                  f"binding: {r['binding']}"] if r else []
-    lines = [
-        f"plan: {p['budget_s']:g} s on {p['chips']} trn2 chips = {p['world']} ranks at LNC={p['lnc']}, FSDP2; "
-        f"{p['train_s']:g} s of training after a {p['startup_s']:g} s start-up allowance",
+    pick = ("the pick of the scaling fit of our small CPU runs, extrapolated far beyond them (the caveats follow)"
+            if ours else "the pick of Chinchilla's published fit")
+    return [
+        f"shape: {m.n_layers} x {m.d_model}, {pick}",
         f"  {'d_model':28s} {m.d_model}",
         f"  {'n_layers':28s} {m.n_layers}",
         f"  {'heads':28s} {m.n_heads} x {m.d_head}",
         f"  {'d_mlp':28s} {m.d_mlp}",
         f"  {'seq_len':28s} {m.seq_len}",
         f"  {'parameters':28s} {c['N'] / 1e6:,.1f}M non-embedding, {c['N_total'] / 1e6:,.1f}M in all",
-        f"  {'global batch':28s} {c['global_batch_tokens']:,} tokens ({c['rows_per_rank']} rows a rank, micro-batch "
-        f"{c['micro_rows']}, accumulation {c['rows_per_rank'] // c['micro_rows']})",
-        f"  {'steps':28s} {p['steps']:,}",
-        f"  {'tokens':28s} {p['tokens']:.3g}",
-        f"  {'step time':28s} {p['step_s']:.3f} s {p['step_label']}; roofline estimate "
-        f"{p['step_s_roofline']:.3f} s ({p['roofline_mfu']:.0%} MFU), not measured",
-        f"  {'memory per rank':28s} {gib(mem['total'])} of {gib(p['memory_limit'])} usable "
-        f"({gib(p['hbm_per_rank'])} HBM less {HBM_MARGIN:.0%}): sharded parameters, gradients and optimizer state "
-        f"{gib(mem['parameters'] + mem['gradients'] + mem['optimizer_state'])}, FSDP gathers "
-        f"{gib(mem['fsdp'])}, autocast copies {gib(mem['autocast'])}, activations {gib(mem['activations'])}",
         f"  {'predicted val_bpb':28s} {p['predicted_loss']:.4f} (extrapolated, in the fit's units: not a forecast of "
         "the score)",
+        f"caveat: {CAVEAT if ours else CAVEAT_PUBLISHED}",
+        *[f"extrapolation: {w}" for w in p["extrapolation"]],
+        *reference,
         f"fit: L(N, D) = {f['E']:.4f} + {f['A']:.4g}·N^-{f['alpha']:.4f} + {f['B']:.4g}·D^-{f['beta']:.4f}; "
         f"{err}{held}",
         f"compute-optimal at C = {p['compute_optimal']['C']:.3g} FLOPs: N* = {p['compute_optimal']['N']:.3g}, "
         f"D* = {p['compute_optimal']['D']:.3g}; chosen N = {c['N']:.3g}, D = {p['tokens']:.3g}",
         f"binding constraint: {p['binding']} — {p['binds'][0][1]}",
         *[f"  also binding: {k} — {why}" for k, why in p["binds"][1:]],
-        *[f"extrapolation: {w}" for w in p["extrapolation"]],
-        *reference,
-        f"caveat: {CAVEAT if f.get('span') else CAVEAT_PUBLISHED}",
-        f"not modelled: {NOT_MODELLED}",
     ]
-    return "\n".join(lines)
+
+# %% ../nbs/94_plan.ipynb #8027ede9
+def format_plan(p: dict) -> str:
+    "The plan as text: what it predicts from public trn2 measurements first, then the shape it picks and its caveats."
+    head = (f"plan: {p['budget_s']:g} s on {p['chips']} trn2 chips = {p['world']} ranks at LNC={p['lnc']}, FSDP2; "
+            f"{p['train_s']:g} s of training after a {p['startup_s']:g} s start-up allowance")
+    return "\n".join([head, *_predicted_lines(p), *_shape_lines(p), f"not modelled: {NOT_MODELLED}"])
 
 # %% ../nbs/94_plan.ipynb #e29fad5b
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "": 1.0}
 
 def parse_duration(text, flag: str = "--budget") -> float:
     "Seconds of a duration '4h', '30m', '90s', '1.5h' or '14400'; a `ValueError` naming the fix otherwise."
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([hms]?)\s*", str(text).lower())
-    if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"{flag} {text!r}: expected a positive duration such as 4h, 30m, 90s or 14400 (seconds)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    m = re.fullmatch(r"\s*([-+]?)(\d+(?:\.\d*)?|\.\d+)\s*([hms]?)\s*", str(text).lower())
+    if not m: raise ValueError(f"{flag} {text!r}: expected a duration such as 4h, 30m, 90s or 14400 (seconds)")
+    if m.group(1) == "-" or float(m.group(2)) == 0:
+        raise ValueError(f"{flag} {str(text).strip()}: must be positive, like 4h, 30m, 90s or 14400 (seconds)")
+    return float(m.group(2)) * _UNITS[m.group(3)]
 
 # %% ../nbs/94_plan.ipynb #914634b9
 def cli_plan(a) -> int:
-    """`neuronfrontier plan`: the plan for `a.budget` on `a.chips` chips printed, its preset written to `a.out`
-    (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens); `--mfu` replaces the calibrated
-    step time with the assumed MFU's."""
+    """`neuronfrontier plan`: the plan for `a.budget` on `a.chips` chips printed, its preset written to `a.out` when
+    given (argparse namespace: budget, chips, out, fit, mfu, lnc, startup, data_tokens); `--mfu` replaces the
+    calibrated step time with the assumed MFU's."""
     tokens = DATA_TOKENS if a.data_tokens is None else a.data_tokens
     if not tokens > 0: raise ValueError(f"--data-tokens {tokens:g}: must be > 0 (ClimbMix: 4e11)")
     p = plan(parse_duration(a.budget), a.chips, fit=a.fit, mfu=ASSUMED_MFU if a.mfu is None else a.mfu, lnc=a.lnc,
              startup_s=parse_duration(a.startup, "--startup"), data_tokens=tokens, calibrated=a.mfu is None)
     print(format_plan(p))
+    if a.out is None:
+        print("pass --out FILE to write the preset")
+        return 0
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(preset(p), indent=1, ensure_ascii=False) + "\n")

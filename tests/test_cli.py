@@ -152,6 +152,56 @@ def test_info_lists_presets():
     for name in ("dense-124m", "cpu-tiny", "cpu-micro"): assert name in r.stdout
 
 
+def _console(*args):
+    from pathlib import Path
+    import sys
+    exe = Path(sys.executable).parent / "neuronfrontier"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "neuronfrontier.cli"], [str(a) for a in args]
+
+
+def test_a_closed_stdout_ends_quietly():
+    "`neuronfrontier info | head -1`: no traceback, exit code 141 (128 + SIGPIPE), whenever the reader goes."
+    import os, subprocess
+    from conftest import ROOT
+    cmd, args = _console("info")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    r_fd, w_fd = os.pipe()
+    os.close(r_fd)                                   # the reader is gone before the first line
+    with os.fdopen(w_fd, "w") as closed:
+        p = subprocess.run(cmd + args, stdout=closed, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, timeout=300)
+    assert p.returncode == 141 and p.stderr == "", (p.returncode, p.stderr)
+    cmd, args = _console("info", "--config", "trn2-124m")   # its last lines come seconds after the first (a prediction)
+    p = subprocess.Popen(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    assert p.stdout.readline().startswith("config")
+    p.stdout.close()                                 # `head -1`: the reader goes after the first line
+    err = p.stderr.read()
+    assert p.wait(300) == 141 and "Traceback" not in err and err == "", (p.returncode, err)
+
+
+def test_info_refuses_an_unknown_preset_before_printing(capsys):
+    from neuronfrontier.cli import main
+    assert main(["info", "--config", "dense-125m"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    assert "'dense-125m'" in err and "dense-124m, cpu-tiny" in err, err
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["plan", "--budget", "-1h"], "--budget -1h: must be positive, like 4h, 30m"),
+    (["plan", "--budget=-1h"], "--budget -1h: must be positive, like 4h, 30m"),
+    (["plan", "--budget", "0"], "--budget 0: must be positive"),
+    (["plan", "--budget", "-30m", "--chips", "16"], "--budget -30m: must be positive"),
+    (["plan", "--budget", "4h", "--startup", "-5m"], "--startup -5m: must be positive"),
+    (["train", "--budget", "-1h"], "argument --budget: invalid float value: '-1h'"),
+])
+def test_a_negative_value_is_read_as_the_value(args, expect, capsys):
+    "argparse alone takes `-1h` for a flag ('expected one argument'); the check that explains the mistake sees it."
+    from neuronfrontier.cli import main
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and expect in err and "expected one argument" not in err, err
+
+
 def test_ctrl_c_saves_checkpoint_and_reports_interrupted(pydocs, tmp_path):
     import signal, subprocess, sys, time
     from pathlib import Path

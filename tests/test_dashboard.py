@@ -128,6 +128,14 @@ def test_stop_needs_a_page_launched_run_and_launch_validates(runs):
     assert sorted(p.name for p in runs.iterdir()) == ["r1"]                                  # nothing was created
 
 
+def test_runs_say_which_logged_a_curve_for_the_overlay(runs):
+    "The overlay's default: the newest runs that logged metrics (`logged`); a run with only result.json has no curve."
+    (runs / "r2").mkdir(); (runs / "r2" / "result.json").write_text('{"status": "completed", "val_bpb": 2.0}')
+    with TestClient(make_app(runs, ".", TOKEN)) as c:
+        got = {r["name"]: r["logged"] for r in c.get("/api/runs").json()}
+    assert got == {"r1": True, "r2": False}
+
+
 def test_static_assets_are_shipped_with_the_licence(runs):
     with TestClient(make_app(runs, ".", TOKEN)) as c:
         js = c.get("/static/vendor/chart.umd.min.js")

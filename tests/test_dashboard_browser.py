@@ -1,6 +1,7 @@
 """The dashboard as a person uses it, in a real headless Chromium (Debian's package, driven by playwright; no browser
 download): start a cpu-micro run from the page, watch the live chart gain points, stop it, see `interrupted`;
-open a kernel's SBUF view and the judge tour, run one live check; a sweep's table. Screenshots go to artifacts/dashboard/."""
+open a kernel's SBUF view and the judge tour, run one live check; a sweep's table; the overlay's default runs.
+Screenshots go to artifacts/dashboard/."""
 import json, os, re, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import httpx
@@ -19,29 +20,38 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} not found (install Debian's chromium: `make browser`)", allow_module_level=True)
 
 
-@pytest.fixture(scope="module")
-def dashboard(pydocs, tmp_path_factory):
-    "`neuronfrontier dashboard` on a free loopback port over an empty runs directory; yields (url, runs)."
-    runs, port = tmp_path_factory.mktemp("runs"), free_port()
-    for setting, bpb, tps in (("lr=0.01", 2.4, 900.0), ("lr=0.02", 2.3, 800.0), ("lr=0.04", 2.5, 850.0)):   # a small sweep's layout
-        rd = runs / "sweep-lr" / setting / "s0"; rd.mkdir(parents=True)
-        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10, "seed": 0,
-                                                    "config_name": "cpu-micro", "config": {"train": {"lr": float(setting[3:])}}}))
-    exe = Path(sys.executable).parent / "neuronfrontier"
-    p = subprocess.Popen([str(exe), "dashboard", "--runs", str(runs), "--port", str(port), "--data", str(pydocs),
-                          "--kernels-report", str(ROOT / "nbs" / "results" / "kernels_report.json"),
-                          # the operator's overrides: every step logged (the chart gains points on any machine), and
-                          # the stopped run scored in seconds
-                          "--set", "log_every=1", "--set", "eval_tokens=16384"],
+def _serve(runs, *args):
+    "`neuronfrontier dashboard --runs RUNS ARGS` on a free loopback port, started; returns (process, url)."
+    port, exe = free_port(), Path(sys.executable).parent / "neuronfrontier"
+    p = subprocess.Popen([str(exe), "dashboard", "--runs", str(runs), "--port", str(port), *map(str, args)],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     url = f"http://127.0.0.1:{port}/"
     for _ in range(200):
         try: httpx.get(url, timeout=1); break
         except httpx.TransportError: time.sleep(0.1)
-    yield url, runs
+    return p, url
+
+
+def _stop(p):
     p.send_signal(signal.SIGINT)
     try: p.wait(60)
     except subprocess.TimeoutExpired: p.kill()
+
+
+@pytest.fixture(scope="module")
+def dashboard(pydocs, tmp_path_factory):
+    "`neuronfrontier dashboard` on a free loopback port over an empty runs directory; yields (url, runs)."
+    runs = tmp_path_factory.mktemp("runs")
+    for setting, bpb, tps in (("lr=0.01", 2.4, 900.0), ("lr=0.02", 2.3, 800.0), ("lr=0.04", 2.5, 850.0)):   # a small sweep's layout
+        rd = runs / "sweep-lr" / setting / "s0"; rd.mkdir(parents=True)
+        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": bpb, "tok_s": tps, "steps": 10, "seed": 0,
+                                                    "config_name": "cpu-micro", "config": {"train": {"lr": float(setting[3:])}}}))
+    p, url = _serve(runs, "--data", pydocs, "--kernels-report", ROOT / "nbs" / "results" / "kernels_report.json",
+                    # the operator's overrides: every step logged (the chart gains points on any machine), and the
+                    # stopped run scored in seconds
+                    "--set", "log_every=1", "--set", "eval_tokens=16384")
+    yield url, runs
+    _stop(p)
 
 
 def test_dashboard_in_chromium(dashboard):
@@ -59,6 +69,7 @@ def test_dashboard_in_chromium(dashboard):
         # the runs page; start a cpu-micro run from the form
         page.goto(url + "#/runs")
         expect(page.locator("#start-form")).to_be_visible()
+        expect(page.locator("#overlay-empty")).to_have_text("No run has logged a loss yet: start one above.")
         expect(page.locator("main")).to_contain_text("--set eval_tokens=16384")
         page.select_option("#f-config", "cpu-micro"); page.select_option("#f-recipe", "frontier"); page.select_option("#f-budget", "300")
         page.click("#start-run")
@@ -87,11 +98,13 @@ def test_dashboard_in_chromium(dashboard):
         assert page.locator("#val-bpb").inner_text() == f"{res['val_bpb']:.4f}"
         shot(page, "2-run-interrupted.png")
 
-        # the runs table lists it; tick it for the overlay
+        # the runs table lists it, and the overlay shows it unasked: the newest run that logged a loss
         page.goto(url + "#/runs")
         row = page.locator(f'tr[data-run="{name}"]')
         expect(row).to_contain_text("interrupted")
-        row.locator("input.pick").check()
+        expect(row.locator("input.pick")).to_be_checked()
+        expect(page.locator("#overlay-chart")).to_have_attribute("data-runs", name)
+        expect(page.locator("#overlay-empty")).to_be_hidden()
         page.wait_for_timeout(500)
         shot(page, "3-runs-table-overlay.png")
 
@@ -131,3 +144,52 @@ def test_dashboard_in_chromium(dashboard):
         browser.close()
     assert not errors, errors
     print(f"\nscreenshots: {SHOTS}")
+
+
+@pytest.fixture(scope="module")
+def overlay_dashboard(tmp_path_factory):
+    "A dashboard over four runs that logged a loss (r1 oldest … r4 newest) and a newer one that logged none."
+    runs, now = tmp_path_factory.mktemp("overlay"), time.time()
+    for i, name in enumerate(("r1", "r2", "r3", "r4", "nolog")):
+        rd = runs / name; rd.mkdir()
+        (rd / "result.json").write_text(json.dumps({"status": "completed", "val_bpb": 2.0, "steps": 5, "config_name": "cpu-micro"}))
+        if name != "nolog":
+            (rd / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0 - s / 10 - i / 10, "time_s": float(s),
+                                                                  "tokens": 100 * s}) + "\n" for s in range(1, 6)))
+        for f in rd.iterdir(): os.utime(f, (now - 100 + i, now - 100 + i))   # the runs table lists the newest first
+    p, url = _serve(runs)
+    yield url
+    _stop(p)
+
+
+def test_overlay_shows_the_newest_runs_until_the_reader_picks(overlay_dashboard):
+    "Not an empty grid: the three newest runs that logged a loss, drawn unasked; once the reader ticks, their choice."
+    from playwright.sync_api import sync_playwright, expect
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+        page.goto(overlay_dashboard + "#/runs")
+        chart, msg = page.locator("#overlay-chart"), page.locator("#overlay-empty")
+        pick = lambda n: page.locator(f'tr[data-run="{n}"] input.pick')
+        expect(chart).to_have_attribute("data-runs", "r4,r3,r2")
+        expect(msg).to_be_hidden()
+        for n in ("r4", "r3", "r2"): expect(pick(n)).to_be_checked()
+        for n in ("r1", "nolog"): expect(pick(n)).not_to_be_checked()
+        page.screenshot(path=str(SHOTS / "8-overlay-default.png"), full_page=True)
+        for n in ("r4", "r3", "r2"): pick(n).uncheck()
+        expect(chart).to_have_attribute("data-runs", "")
+        expect(msg).to_have_text("Tick runs above to overlay their loss curves.")
+        page.screenshot(path=str(SHOTS / "9-overlay-none-ticked.png"), full_page=True)
+        page.wait_for_timeout(3500)                      # a refresh of the table (every 3 s) keeps the reader's choice
+        expect(pick("r4")).not_to_be_checked()
+        pick("r1").check()
+        expect(chart).to_have_attribute("data-runs", "r1")
+        pick("nolog").check()
+        expect(chart).to_have_attribute("data-runs", "r1")
+        pick("r1").uncheck()
+        expect(msg).to_have_text("The ticked runs have logged no loss yet.")
+        browser.close()
+    assert not errors, errors

@@ -106,6 +106,8 @@ def test_durations():
     assert [parse_duration(s) for s in ("4h", "30m", "90s", "14400", "1.5h")] == [14400, 1800, 90, 14400, 5400]
     for bad in ("4d", "-1h", "0", "soon"):
         with pytest.raises(ValueError, match="4h, 30m, 90s"): parse_duration(bad)
+    for bad in ("-1h", "-5", "0", "0m"):
+        with pytest.raises(ValueError, match=f"^--budget {bad}: must be positive"): parse_duration(bad)
 
 
 def test_cli_plan_prints_the_plan_and_writes_the_preset(tmp_path):
@@ -118,6 +120,19 @@ def test_cli_plan_prints_the_plan_and_writes_the_preset(tmp_path):
         assert text in r.stdout, text
     doc = json.loads(out.read_text())
     assert doc["model"]["d_model"] % 128 == 0 and doc["recipe"] == "kit" and doc["provenance"]["binding"] in BINDINGS
+
+
+def test_cli_plan_leads_with_the_prediction_and_writes_nothing_unasked(tmp_path, monkeypatch, capsys):
+    from neuronfrontier.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--budget", "4h"]) == 0
+    assert list(tmp_path.rglob("*")) == []                           # no runs/plan/preset.json without --out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "pass --out FILE to write the preset"
+    at = lambda prefix: next(i for i, l in enumerate(lines) if l.lstrip().startswith(prefix))
+    assert lines[1].startswith("what the plan can back — predicted from public trn2 measurements")
+    assert at("step time") < at("steps") < at("memory per rank") < at("shape:") < at("d_model") < at("caveat:")
+    assert "predicted from public chip measurements" in lines[at("step time")]
 
 
 def test_cli_plan_bad_budget_is_one_line(tmp_path):

@@ -116,6 +116,7 @@ def run_summary(d: Path, name: str, alive: bool = False) -> dict:
         global_batch=r.get("global_batch"),
         budget_mode=r.get("budget_mode"),
         launched_here=bool(launch),
+        logged=bool(last),   # a curve to overlay: the page shows the newest such runs before the reader ticks any
         when=max(times, default=None),
     )
 

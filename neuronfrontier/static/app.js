@@ -53,6 +53,7 @@ function chart(canvas, cfg) {
 const line = (label, data, extra = {}) => ({ label, data, showLine: true, pointRadius: 0, borderWidth: 1.6, ...extra });
 
 // ---------------------------------------------------------------- runs
+const NEWEST = 3;   // runs the overlay shows before the reader picks
 async function viewRuns(el) {
   el.innerHTML = `<h1>Runs</h1>
   <section class="card"><h2>Start a run</h2>
@@ -65,10 +66,10 @@ async function viewRuns(el) {
       ? `, with the overrides the dashboard was started with: <code>${info.sets.map((kv) => `--set ${esc(kv)}`).join(" ")}</code>` : ""}; one run from this page at a time.</p>
   </section>
   <section class="card"><h2>All runs <span class="muted" id="runs-dir"></span></h2><div id="runs-table">Loading…</div></section>
-  <section class="card"><h2>Overlay <span class="muted">(tick runs above)</span></h2>
+  <section class="card"><h2>Overlay <span class="muted">(by default the ${NEWEST} newest runs with a loss curve; tick runs above to choose)</span></h2>
     <label><input type="radio" name="xaxis" value="time_s" checked> charged time (s)</label>
     <label><input type="radio" name="xaxis" value="tokens"> tokens</label>
-    <div class="chartbox"><canvas id="overlay-chart"></canvas></div></section>`;
+    <div class="chartbox"><canvas id="overlay-chart" data-runs=""></canvas><div id="overlay-empty" class="chart-msg">Loading…</div></div></section>`;
   const opt = (sel, vals, fmtv = (v) => v) => { $(sel).innerHTML = vals.map((v) => `<option value="${esc(v)}">${esc(fmtv(v))}</option>`).join(""); };
   opt("#f-config", info.choices.config); opt("#f-recipe", info.choices.recipe, (v) => v || "(none)");
   opt("#f-budget", info.choices.budget); opt("#f-nproc", info.choices.nproc);
@@ -81,23 +82,45 @@ async function viewRuns(el) {
       location.hash = `#/run/${r.name}`;
     } catch (e) { $("#start-msg").innerHTML = `<span class="error">${esc(e.message)}</span>`; $("#start-run").disabled = false; }
   };
+  // The overlay shows the NEWEST runs that logged metrics until the reader ticks or unticks a run; from then on, theirs.
   const selected = new Set();
+  let picked = false, anyLogged = false;
   const overlay = chart($("#overlay-chart"), { type: "scatter", data: { datasets: [] },
     options: { scales: { x: { title: { display: true, text: "charged time (s)" } }, y: { title: { display: true, text: "train loss (nats/token)" } } } } });
-  const cache = {};
-  async function redraw() {
-    const x = $('input[name="xaxis"]:checked').value;
-    overlay.data.datasets = [];
+  const cache = {};   // run name -> { records, offset }: a running run's metrics are read on from the offset
+  async function metrics(n, more) {
+    const c = cache[n];
+    if (c && !more) return c.records;
+    const r = await api(`/api/runs/${enc(n)}/metrics?offset=${c ? c.offset : 0}`);
+    cache[n] = { records: c && !r.reset ? c.records.concat(r.records) : r.records, offset: r.offset };
+    return cache[n].records;
+  }
+  let drawing = 0;   // the newest redraw wins: an older one still fetching draws nothing
+  async function redraw(running = new Set()) {
+    const x = $('input[name="xaxis"]:checked').value, datasets = [], mine = ++drawing;
     for (const n of selected) {
-      cache[n] = cache[n] || (await api(`/api/runs/${enc(n)}/metrics`)).records;
-      overlay.data.datasets.push(line(n, cache[n].filter((r) => r.loss !== null && r[x] !== undefined).map((r) => ({ x: r[x], y: r.loss }))));
+      const recs = await metrics(n, running.has(n));
+      datasets.push(line(n, recs.filter((r) => r.loss !== null && r.loss !== undefined && r[x] !== undefined).map((r) => ({ x: r[x], y: r.loss }))));
     }
+    if (mine !== drawing || !$("#overlay-chart")) return;   // a newer redraw, or the reader went to another page
+    overlay.data.datasets = datasets;
     overlay.options.scales.x.title.text = x === "tokens" ? "tokens" : "charged time (s)";
     overlay.update();
+    const drawn = datasets.filter((d) => d.data.length).map((d) => d.label);
+    $("#overlay-chart").dataset.runs = drawn.join(",");
+    const msg = $("#overlay-empty");
+    msg.hidden = drawn.length > 0;
+    msg.textContent = selected.size ? "The ticked runs have logged no loss yet."
+      : anyLogged ? "Tick runs above to overlay their loss curves." : "No run has logged a loss yet: start one above.";
   }
-  document.querySelectorAll('input[name="xaxis"]').forEach((r) => (r.onchange = redraw));
+  document.querySelectorAll('input[name="xaxis"]').forEach((r) => (r.onchange = () => redraw()));
   async function table() {
     const runs = await api("/api/runs");
+    anyLogged = runs.some((r) => r.logged);
+    if (!picked) { selected.clear(); runs.filter((r) => r.logged).slice(0, NEWEST).forEach((r) => selected.add(r.name)); }
+    const running = new Set(runs.filter((r) => r.status === "running" && selected.has(r.name)).map((r) => r.name));
+    const key = [...selected].join("\n");
+    if (key !== drawnKey || running.size) { drawnKey = key; redraw(running).catch(() => {}); }
     if (!runs.length) { $("#runs-table").innerHTML = `<p class="muted">No runs yet in ${esc(info.runs)}.</p>`; return; }
     $("#runs-table").innerHTML = `<table id="runs"><tr><th></th><th>run</th><th>config</th><th>recipe</th><th>status</th><th class="num">steps</th>
       <th class="num">tokens</th><th class="num">tok/s</th><th class="num">MFU</th><th class="num">val_bpb</th><th>when</th></tr>` +
@@ -107,8 +130,11 @@ async function viewRuns(el) {
       <td class="num">${fmtInt(r.tok_s)}</td><td class="num">${r.mfu === null || r.mfu === undefined ? "n/a" : (100 * r.mfu).toFixed(1) + "%"}</td>
       <td class="num">${fmt(r.val_bpb)}</td><td>${when(r.when)}</td></tr>`).join("") + "</table>" +
       `<p class="muted">tok/s and MFU: measured by each run on its own device; MFU is n/a on CPU (no peak FLOP/s is known for it). val_bpb: measured, on the run's validation tokens.</p>`;
-    document.querySelectorAll("input.pick").forEach((c) => (c.onchange = () => { c.checked ? selected.add(c.value) : selected.delete(c.value); redraw(); }));
+    document.querySelectorAll("input.pick").forEach((c) => (c.onchange = () => {
+      picked = true; c.checked ? selected.add(c.value) : selected.delete(c.value); drawnKey = [...selected].join("\n"); redraw();
+    }));
   }
+  let drawnKey = null;
   await table();
   timers.push(setInterval(() => table().catch(() => {}), 3000));
 }
