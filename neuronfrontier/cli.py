@@ -10,8 +10,8 @@ from .config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL
 from .flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
-__all__ = ['COMMANDS', 'LONG_RUN_S', 'SIGPIPE_EXIT', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'stdout_closed',
-           'main']
+__all__ = ['COMMANDS', 'UNIGRAM_ADVICE', 'LONG_RUN_S', 'SIGPIPE_EXIT', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv',
+           'stdout_closed', 'main']
 
 # %% ../nbs/99_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -189,28 +189,45 @@ def _prepare(a):
         own_tokenizer=a.train_tokenizer,
     )
 
-# %% ../nbs/99_cli.ipynb #d5baf4e6
+# %% ../nbs/99_cli.ipynb #83029d71
+UNIGRAM_ADVICE = "the model has not beaten a unigram model yet: train longer"
+
+def _score_rows(r: dict) -> list[tuple[str, str]]:
+    "The end-of-run table's val_bpb row beside the unigram baseline, and the advice where it is not beaten."
+    val, uni = r.get("val_bpb"), r.get("unigram_bpb")
+    if val is None: return [("val_bpb", "not scored")]
+    if not uni: return [("val_bpb", f"{val:.4f}")]
+    rows = [("val_bpb", f"{val:.4f}  (unigram baseline {uni:.4f}: {abs(val / uni - 1):.1%} "
+                        f"{'lower' if val < uni else 'higher'})")]
+    if val >= uni: rows.append(("", UNIGRAM_ADVICE))
+    return rows
+
+# %% ../nbs/99_cli.ipynb #2fbd9b18
+def _result_rows(r: dict) -> list[tuple[str, str]]:
+    "(label, value) rows of a run's `result.json` dict: the table `_print_result` prints."
+    budget, compile_s = r.get("budget_s"), r.get("compile_s")
+    clock = f"on the {r['budget_mode']} clock" + (f", budget {budget:g} s" if budget else "")
+    if r.get("overrun_s"): clock += f", overran by {r['overrun_s']:.1f} s"
+    kernels = ", ".join(f"{op}={b}" for op, b in (r.get("backends") or {}).items())
+    for op, why in (r.get("kernel_fallbacks") or {}).items(): kernels += f"; {op} fell back to torch ({why})"
+    return [
+        ("status", f"{r['status']}, {r['steps']:,} step{'' if r['steps'] == 1 else 's'}"), *_score_rows(r),
+        ("tokens", f"{r['tokens']:,}"), ("tok/s", f"{r['tok_s']:,.0f}"),
+        ("MFU", f"{r['mfu']:.1%}" if r.get("mfu") is not None else
+                "n/a on CPU" if r.get("hw") == "cpu" else "n/a (no peak FLOP/s known for this device)"),
+        ("training", f"{r['train_s']:.1f} s {clock}"),
+        ("start-up", f"{r['warmup_s']:.1f} s before the first step: setup, warm-up"
+                     + (f", compilation ({compile_s:.1f} s)" if compile_s else "")),
+        ("evaluation", f"{r['eval_s']:.1f} s: val_bpb and the unigram baseline"),
+        *([("kernels", kernels)] if kernels else []), ("run dir", str(Path(r["checkpoint"]).parent)),
+    ]
+
+# %% ../nbs/99_cli.ipynb #478c86e5
 def _print_result(r: dict):
-    keys = (
-        "status",
-        "steps",
-        "tokens",
-        "tok_s",
-        "mfu",
-        "train_s",
-        "warmup_s",
-        "compile_s",
-        "eval_s",
-        "overrun_s",
-        "max_step_s",
-        "loader_utilisation",
-        "tokenizer_source",
-        "unigram_bpb",
-    )
-    for k in keys:
-        v = r.get(k)
-        print(f"{k:>18s}: {v:.4f}" if isinstance(v, float) else f"{k:>18s}: {v}")
-    print(f"{'run dir':>18s}: {Path(r['checkpoint']).parent}")
+    "The end of a run as a small aligned table (`_result_rows`)."
+    rows = _result_rows(r)
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows: print(f"{k:>{width}s}  {v}")
 
 # %% ../nbs/99_cli.ipynb #023baa71
 _EXIT = {"completed": 0, "diverged": 1, "crashed": 1, "interrupted": 130}

@@ -4,30 +4,34 @@
 
 # %% ../nbs/28_evaluate.ipynb #78faf893
 from __future__ import annotations
-import math
+import math, sys, time
+from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['evaluate_sums', 'bpb', 'evaluate_bpb']
+__all__ = ['evaluate_sums', 'bpb', 'evaluate_bpb', 'EvalProgress']
 
 # %% ../nbs/28_evaluate.ipynb #dcd2517d
 @torch.no_grad()
-def evaluate_sums(model, batches, token_bytes: torch.Tensor) -> torch.Tensor:
+def evaluate_sums(model, batches, token_bytes: torch.Tensor,
+                  progress: Callable[[int, int | None], None] | None = None) -> torch.Tensor:
     """`[Σ nats, Σ bytes]` (float64, on the CPU) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored)
     excluded. A batch is summed in fp32 on its device (fp64 on a Neuron device is not documented) and the batches are
-    added in fp64 on the CPU."""
+    added in fp64 on the CPU. `progress(done, total)` is called after each batch (`total`: None for an iterator)."""
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"): model.eval()
     sums = torch.zeros(2, dtype=torch.float64)
+    total = len(batches) if hasattr(batches, "__len__") else None
     try:
-        for x, y in batches:
+        for done, (x, y) in enumerate(batches, 1):
             logits = model(x).float()
             V = logits.shape[-1]
             yc = y.clamp(0, V - 1)
             nll = F.cross_entropy(logits.reshape(-1, V), yc.reshape(-1), reduction="none")
             b = torch.where(y.reshape(-1) >= 0, token_bytes.to(y.device)[yc.reshape(-1)].float(), 0.0)
             sums += torch.stack((torch.where(b > 0, nll, 0.0).sum(), b.sum())).cpu().double()
+            if progress is not None: progress(done, total)
     finally:
         if was_training: model.train()
     return sums
@@ -42,3 +46,27 @@ def bpb(nats: float, nbytes: float) -> float:
 def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
     "Σ nats / (ln 2 · Σ bytes) over `(x, y)` batches, targets with 0 bytes (special) or < 0 (ignored) excluded."
     return bpb(*evaluate_sums(model, batches, token_bytes).tolist())
+
+# %% ../nbs/28_evaluate.ipynb #b68002ed
+class EvalProgress:
+    """`evaluate_sums`'s `progress`: a bar from the tqdm-like class `bar` on a terminal, closed at the last batch
+    (`close()` for batches of unknown number), else `eval 12/32 batches, 38 s` at the first batch, every `every_s`
+    seconds and at the last; nothing when not `enabled`."""
+    def __init__(self, enabled: bool = True, bar=None, every_s: float = 10.0):
+        self.enabled, self.every_s, self.t0, self.said = enabled, every_s, time.perf_counter(), None
+        self.bar_cls = bar if bar is not None and sys.stderr.isatty() else None
+        self.bar = None
+
+    def __call__(self, done: int, total: int | None):
+        if not self.enabled: return
+        elapsed = time.perf_counter() - self.t0
+        if self.bar_cls is not None:
+            if self.bar is None: self.bar = self.bar_cls(total=total, desc="eval", unit="batch", dynamic_ncols=True)
+            self.bar.update(done - self.bar.n)
+            if done == total: self.bar.close()
+        elif self.said is None or elapsed - self.said >= self.every_s or done == total:
+            print(f"eval {done}/{total or '?'} batches, {elapsed:.0f} s", flush=True)
+            self.said = elapsed
+
+    def close(self):
+        if self.bar is not None: self.bar.close()

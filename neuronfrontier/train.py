@@ -10,8 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from .config import (ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line,
-                                   grouped)
+from .config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line, grouped
 from .data import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader,
                                  val_batches, unigram_bpb)
 from .model import GPT
@@ -23,7 +22,7 @@ from .distributed import init_distributed, agree_max, DataParallel, parallelize
 from .batches import Prefetcher, _training_rows
 from .phases import batch_phase, mtp_weights_at
 from .spikes import guard_warm_up
-from .evaluate import evaluate_sums, bpb
+from .evaluate import evaluate_sums, bpb, EvalProgress
 from .checkpoint import load_resume, save_model, save_resume
 from .averaging import WeightEma, ema_for, blend_for_save
 from .precision import Precision, choose_precision, TORCH_DTYPES
@@ -96,21 +95,27 @@ def _log_line(rec: dict) -> str:
 
 # %% ../nbs/30_train.ipynb #0a0c5228
 class _Progress:
-    "A progress bar on a terminal when given a tqdm-like `bar` class (the CLI's), plain lines otherwise."
-    def __init__(self, total_s, enabled=True, bar=None):
-        self.bar = None
+    """A progress bar on a terminal when given a tqdm-like `bar` class (the CLI's), plain lines otherwise. The bar
+    counts the steps of a run of `steps`, else charged seconds of the budget `total_s`; `close` moves it to where
+    training ended, whatever ended it, and closes it."""
+    def __init__(self, total_s, enabled=True, bar=None, steps=None):
+        self.bar, self.enabled, self.steps, self.post = None, enabled, steps, {}
         if enabled and bar is not None and sys.stderr.isatty():
-            self.bar = bar(total=round(total_s, 1) if total_s else None, unit="s", dynamic_ncols=True, leave=True)
-        self.enabled = enabled
+            total, unit = (steps, "step") if steps else (round(total_s, 1) if total_s else None, "s")
+            self.bar = bar(total=total, unit=unit, dynamic_ncols=True, leave=True)
+    def _move(self, step, elapsed_s):
+        self.bar.n = step if self.steps else round(elapsed_s, 1)
+        self.bar.set_postfix(self.post)
     def update(self, rec, elapsed_s):
         if not self.enabled: return
-        if self.bar is not None:
-            self.bar.n = round(elapsed_s, 1)
-            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_s']:,.0f}")
-            self.bar.refresh()
-        else: print(_log_line(rec), flush=True)
-    def close(self):
-        if self.bar is not None: self.bar.close()
+        if self.bar is None: return print(_log_line(rec), flush=True)
+        self.post = dict(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_s']:,.0f}")
+        self._move(rec["step"], elapsed_s)
+    def close(self, step, elapsed_s, status="completed"):
+        if self.bar is None: return
+        if status != "completed": self.post["status"] = status
+        self._move(step, elapsed_s)
+        self.bar.close()
 
 # %% ../nbs/30_train.ipynb #052417a0
 UNIFORM_STRIKES = 3  # consecutive post-warm-up log steps at loss >= ln V - 0.01 that count as divergence
@@ -464,7 +469,7 @@ class _Metrics:
     "metrics.jsonl and the progress line: one record per logged step."
     def __init__(self, run: Run, clock: Clock, bar=None):
         self.run, self.clock = run, clock
-        self.prog = _Progress(run.spec.budget_s if run.spec.steps is None else None, run.verbose, bar)
+        self.prog = _Progress(run.spec.budget_s, run.verbose, bar, run.spec.steps)
         self.file = open(run.out / "metrics.jsonl", "a" if run.spec.resume else "w") if run.lead else None
         run.state.setdefault("free_ns", 0)   # competition mode: the excluded steps' own time
         self.t0, self.tok0 = self._steps_ns(), run.state["tokens"]
@@ -488,8 +493,8 @@ class _Metrics:
         self.t0, self.tok0 = self._steps_ns(), state["tokens"]
         return rec
 
-    def close(self):
-        self.prog.close()
+    def close(self, status: str):
+        self.prog.close(self.run.state["step"], self.clock.charged_ns / 1e9, status)
         if self.file: self.file.close()
 
 # %% ../nbs/30_train.ipynb #8b370947
@@ -582,8 +587,11 @@ def loop(
                 break
             rec = metrics.log(last_loss, frac)
             if callback is not None and callback(rec): stop["set"] = True
+    except BaseException:
+        status = "crashed"
+        raise
     finally:
-        metrics.close()
+        metrics.close(status)
         restore()
         run.batches.close()  # the loader's statistics are final from here on
     return status, why, last_loss
@@ -635,8 +643,8 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
         "model_saved_at_s": saved_at_s, "save_reserve_s": run.reserve_ns / 1e9, "last_save_s": run.save_s,
         "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path),
         # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
-        "kernels": run.kernels, "kernel_fallbacks": ops.fallbacks(), "compile": run.compile_info,
-        "faults": asdict(run.faults) if run.faults else None,
+        "kernels": run.kernels, "backends": ops.backend_table(run.dev), "kernel_fallbacks": ops.fallbacks(),
+        "compile": run.compile_info, "faults": asdict(run.faults) if run.faults else None,
         "ema": run.ema.report() if run.ema is not None else None,   # the weight average: updates, blend
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
         "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
@@ -653,8 +661,9 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
     return res
 
 # %% ../nbs/30_train.ipynb #220e99ef
-def _score(run: Run, model, res: dict):
-    "Score the validation tokens (sharded over the ranks) into `res`: val_bpb, the unigram baseline, eval seconds."
+def _score(run: Run, model, res: dict, bar=None):
+    """Score the validation tokens (sharded over the ranks) into `res`: val_bpb, the unigram baseline, eval seconds;
+    the lead rank of a verbose run shows its share's progress (`bar`: a tqdm-like class for a terminal)."""
     tcfg, world = run.tcfg, run.world
     te = time.perf_counter_ns()
     vb = val_batches(run.val_path, run.enc, tcfg.eval_seq_len, tcfg.eval_tokens, tcfg.eval_batch_size)
@@ -663,7 +672,7 @@ def _score(run: Run, model, res: dict):
     # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
     with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
         mine = [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]]   # this rank's share
-        sums = evaluate_sums(model, mine, run.token_bytes.to(dev))
+        sums = evaluate_sums(model, mine, run.token_bytes.to(dev), progress=EvalProgress(run.verbose, bar))
     if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
     res["val_bpb"] = bpb(*sums.tolist())
     if run.lead:
@@ -673,7 +682,7 @@ def _score(run: Run, model, res: dict):
 
 # %% ../nbs/30_train.ipynb #392433cc
 def finish(
-    run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float
+    run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], status: str, why: str, last_loss: float, bar=None
 ) -> dict:
     "Check the weights, blend in their EMA, save, evaluate (sharded over ranks), write `result.json`; returns its dict."
     _last_finite(run, status)
@@ -686,7 +695,7 @@ def finish(
     res = _result(run, clock, watchdog, warm_ns, status, why, last_loss, saved_at_s)
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))   # before the evaluation
     if run.val_path is None: return res   # the kit's data: its evaluate_bpb scores the run (spec.score)
-    _score(run, model, res)
+    _score(run, model, res, bar)
     if run.lead: (run.out / "result.json").write_text(json.dumps(res, indent=2))
     return res
 
@@ -756,8 +765,8 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         if run.tcfg.preflight: run.kernels = run_preflight(run)  # a kernel only if it runs, matches, is not slower
         run.say(
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "
-            f"device {run.dev}"
-            f"{f' x {run.world} processes' if run.world > 1 else ''}, ops {ops.backend_table(run.dev)}, "
+            f"device {run.dev}{f' x {run.world} processes' if run.world > 1 else ''}, "
+            f"ops {', '.join(f'{op}={b}' for op, b in ops.backend_table(run.dev).items())}, "
             f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.precision.describe()}"
             f"{', compiled' if run.tcfg.compile else ''}, "
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"
@@ -778,7 +787,7 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         except Exception as e:   # whatever happened, the last finite state is saved and scored (finish)
             status, why, last_loss = "crashed", f"{type(e).__name__}: {first_line(e, 200)}", float("nan")
             run.say(f"crashed in training: {why}")
-        res = finish(run, clock, watchdog, warm_ns, status, why, last_loss)
+        res = finish(run, clock, watchdog, warm_ns, status, why, last_loss, bar)
         if spec.score is not None: res = _scored(run, res)
         if run.world > 1: dist.barrier(group=run.ctrl)  # no rank tears the group down while another still uses it
         return res

@@ -1,5 +1,6 @@
 "End-to-end tests of the `neuronfrontier` command line."
 import json, math, shutil
+import numpy as np
 import pyarrow as pa, pyarrow.parquet as pq
 import pytest
 import torch
@@ -24,6 +25,7 @@ def test_speedrun_prints_val_bpb_and_writes_run_dir(pydocs, tmp_path):
     last = r.stdout.strip().splitlines()[-1]
     res = json.loads((out / "result.json").read_text())
     assert last == f"val_bpb={res['val_bpb']:.4f}"
+    assert f"val_bpb  {res['val_bpb']:.4f}  (unigram baseline {res['unigram_bpb']:.4f}" in r.stdout   # the table
     # 10 steps of the default recipe learn something: clearly better than predicting uniformly (measured: 8% better)
     assert res["val_bpb"] < 0.97 * _uniform_bpb(pydocs), (res["val_bpb"], _uniform_bpb(pydocs))
     for k in ("val_bpb", "steps", "tokens", "train_s", "warmup_s", "eval_s", "overrun_s", "status", "config", "tokenizer_sha256"):
@@ -225,3 +227,27 @@ def test_ctrl_c_saves_checkpoint_and_reports_interrupted(pydocs, tmp_path):
     assert r.returncode == 0, r.stderr
     a, b = (torch.load(d / "final.pt", weights_only=True)["model"] for d in (out, tmp_path / "straight"))
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def _result(**kw):
+    "A result.json dict as `train` returns it, cut down to what the end-of-run table reads."
+    r = {"status": "completed", "steps": 20, "tokens": 20480, "tok_s": 648.8, "mfu": None, "hw": "cpu",
+         "train_s": 31.57, "warmup_s": 9.69, "compile_s": None, "eval_s": 73.82, "overrun_s": 0.0, "budget_s": None,
+         "budget_mode": "charged", "val_bpb": 2.9116, "unigram_bpb": 2.6744, "kernel_fallbacks": {},
+         "backends": {"rms_norm": "torch", "attention": "torch"}, "checkpoint": "runs/x/final.pt"}
+    return r | kw
+
+
+def test_a_run_ends_with_a_table_that_compares_with_the_unigram_model(capsys):
+    from neuronfrontier.cli import _print_result, UNIGRAM_ADVICE
+    _print_result(_result(unigram_bpb=np.float64(2.6744)))   # as data.unigram_bpb returns it
+    worse = capsys.readouterr().out
+    lines = worse.splitlines()
+    assert "{" not in worse and "None" not in worse
+    assert all(l[10:12] == "  " and l[12] != " " for l in lines)   # labels right-aligned to "evaluation", one column
+    assert "2.9116  (unigram baseline 2.6744: 8.9% higher)" in worse and UNIGRAM_ADVICE in worse
+    assert any(l.split() == ["MFU", "n/a", "on", "CPU"] for l in lines)
+    assert "kernels  rms_norm=torch, attention=torch" in worse and lines[-1].split() == ["run", "dir", "runs/x"]
+    _print_result(_result(val_bpb=2.2, mfu=0.3123, hw="trn2-core"))
+    better = capsys.readouterr().out
+    assert UNIGRAM_ADVICE not in better and "17.7% lower" in better and "31.2%" in better

@@ -318,3 +318,57 @@ def test_competition_clock_excluded_steps_train_and_are_timed(pydocs, tmp_path):
     # tokens per second over the steps' own time: the free steps' too (over the charged clock alone they were 1e12)
     toks = [r["tok_s"] for r in recs]
     assert max(toks[:5]) < 10 * max(toks[5:]) and res["tok_s"] < 10 * max(toks[5:]), (toks[:8], res["tok_s"])
+
+
+class RecordingBar:
+    "A tqdm stand-in that records what it is asked: its arguments, where it was moved, its postfix, whether it closed."
+    made = []
+    def __init__(self, **kw):
+        self.kw, self.n, self.post, self.closed, self.shown = kw, 0, {}, False, []
+        RecordingBar.made.append(self)
+    def set_postfix(self, ordered_dict=None, **kw):
+        self.post = dict(ordered_dict or {}, **kw)
+        self.shown.append(self.n)
+    def update(self, k): self.n += k
+    def close(self): self.closed = True
+
+
+def test_the_bars_end_where_training_and_evaluation_end(pydocs, tmp_path, monkeypatch, capsys):
+    """On a terminal: the training bar of a budget run logged only at its first step is moved to the charged seconds
+    at the end and closed (it froze at the first log step); the evaluation gets a bar of its own, moved batch by
+    batch to its end and closed; the start line names each op's backend in one line, not a dict."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    RecordingBar.made = []
+    res = T.train("cpu-micro", pydocs, tmp_path / "b", budget_s=3, sets=FAST + ["log_every=100000"], bar=RecordingBar)
+    train_bar, eval_bar = RecordingBar.made
+    assert train_bar.kw["unit"] == "s" and train_bar.closed and train_bar.n == round(res["train_s"], 1) > 0
+    if res["steps"] > 1: assert train_bar.shown[-1] > train_bar.shown[0]   # past the one log step, to the end
+    assert eval_bar.kw["desc"] == "eval" and eval_bar.n == eval_bar.kw["total"] == 2 and eval_bar.closed  # 8192 tokens
+    assert "ops rms_norm=torch, " in capsys.readouterr().out
+
+
+def test_a_steps_bar_counts_steps_and_says_how_training_ended(monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    done, stopped = T._Progress(None, bar=RecordingBar, steps=20), T._Progress(300.0, bar=RecordingBar)
+    done.update({"step": 19, "loss": 7.7, "tok_s": 2000.0}, 30.2)
+    done.close(20, 31.6)
+    stopped.update({"step": 10, "loss": 8.1, "tok_s": 2000.0}, 41.3)
+    stopped.close(13, 52.9, "interrupted")
+    assert (done.bar.kw["total"], done.bar.kw["unit"], done.bar.n, done.bar.closed) == (20, "step", 20, True)
+    assert "status" not in done.bar.post
+    assert (stopped.bar.n, stopped.bar.post["status"], stopped.bar.closed) == (52.9, "interrupted", True)
+
+
+def test_evaluation_progress_is_called_per_batch_and_changes_no_sum(capsys):
+    from neuronfrontier.evaluate import evaluate_sums, EvalProgress
+    m, tb = _trained_micro(), torch.randint(1, 5, (CONFIGS["cpu-micro"].vocab_size,))
+    torch.manual_seed(1)
+    batches = [(x, x) for x in torch.randint(0, 8000, (3, 2, 64))]
+    calls = []
+    assert torch.equal(evaluate_sums(m, batches, tb, progress=lambda d, t: calls.append((d, t))),
+                       evaluate_sums(m, batches, tb))
+    assert calls == [(1, 3), (2, 3), (3, 3)]
+    capsys.readouterr()
+    shown, quiet = EvalProgress(), EvalProgress(enabled=False)   # plain lines: the first batch and the last
+    for d in (1, 2, 3): shown(d, 3), quiet(d, 3)
+    assert [l.split(",")[0] for l in capsys.readouterr().out.splitlines()] == ["eval 1/3 batches", "eval 3/3 batches"]
