@@ -15,6 +15,7 @@ KERNEL_NBS = ["12_kernel_rmsnorm", "13_kernel_swiglu", "14_kernel_attention", "1
 _DIRECTIVE = re.compile(r"^\s*#\|\s*([\w-]+)", re.M)
 _EXPORTED = {"export", "exporti", "exports"}
 _NOT_RUN = {"neuron", "cuda"}          # cells that need hardware: skipped when the notebooks are executed here
+_NO_EVAL = re.compile(r"^\s*#\|\s*eval:\s*false", re.M | re.I)   # never executed, so never any output
 _SHOW_CALLS = {"print", "display", "show", "plot"}
 
 
@@ -32,7 +33,9 @@ def _calls_outside_defs(node):
 
 
 def _root_name(node):
-    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)): node = node.value if not isinstance(node, ast.Call) else node.func
+    "The name a chain of attributes, calls and subscripts starts from (`plt` in `plt.gca().plot`), or None."
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
     return node.id if isinstance(node, ast.Name) else None
 
 
@@ -66,7 +69,7 @@ def silent_show_cells(nb):
     for i, c in enumerate(nb["cells"]):
         if c["cell_type"] != "code" or c.get("outputs"): continue
         src = _src(c)
-        if set(_DIRECTIVE.findall(src)) & (_EXPORTED | _NOT_RUN): continue
+        if set(_DIRECTIVE.findall(src)) & (_EXPORTED | _NOT_RUN) or _NO_EVAL.search(src): continue
         why = show_reason(src)
         if why: bad.append((i, next((l for l in src.splitlines() if l.strip() and not l.startswith("#|")), ""), why))
     return bad
@@ -116,11 +119,23 @@ def test_kernel_notebook_shows_a_table_and_a_plot(name):
     assert pngs, f"{name}: no saved plot (an image/png output)"
 
 
+def test_silent_show_cells():
+    "Which cells count: exported, hardware-only and never-evaluated cells are not run here, so they need no output."
+    cell = lambda src, outputs=(): dict(cell_type="code", source=src, outputs=list(outputs))
+    nb = dict(cells=[cell("print(1)"), cell("print(2)", [{"output_type": "stream", "text": "2"}]),
+                     cell("#| export\nx = 1\nx"),
+                     cell("#| neuron\nprint(3)"), cell("#| eval: false\nprint(4)"), cell("#| slow\nprint(5)"),
+                     dict(cell_type="markdown", source="print(6)")])
+    test = [(i, why) for i, _, why in silent_show_cells(nb)]
+    assert test == [(0, "calls print("), (5, "calls print(")], test
+
+
 @pytest.mark.parametrize("src,reason", [
     ("print(1)", "calls print("), ("x = 1\nx", "bare expression"), ("a.b[0]", "bare expression"), ("x == 1", "bare"),
     ("plt.plot([1])", "calls plt.plot("), ("f(x)", None), ("x = 1", None), ("def f():\n    print(1)", None),
     ("x;", None), ("'a docstring'", None), ("%time f(x)", None), ("assert x", None),
     ("with contextlib.redirect_stdout(io.StringIO()): print(1)", None), ("fig.savefig(p)\nplt.close(fig)", None),
+    ("plt.gca().plot([1])", "calls plt.gca().plot("), ("ax.plot([1])", "calls ax.plot("),
 ])
 def test_show_reason(src, reason):
     got = show_reason(src)
