@@ -203,8 +203,8 @@ def test_tour_numbers_come_from_the_results_files_not_the_readme(runs, tmp_path)
     assert abl["kind"] == "table" and abl["label"] == fa["meta"]["label"] and "measured on CPU" in abl["label"]
     assert [r[:3] for r in abl["rows"]] == [[s["setting"], f"{s['val_bpb_mean']:.4f} ± {s['val_bpb_sd']:.4f}",
                                              f"{s['delta']:+.4f}"] for s in fa["summary"]]
-    assert "earlier `frontier` recipe" in steps["muon"]["measured"][0]["text"]
-    assert "earlier `frontier` recipe" in steps["ablation"]["measured"][0]["text"]
+    assert "not a preset's default" in steps["muon"]["measured"][0]["text"]
+    assert "not a preset's default" in steps["ablation"]["measured"][0]["text"]
 
     name = "speedrun_ramp_fixed_steps.json"
     ramp = json.loads((res / name).read_text())

@@ -313,8 +313,8 @@ def _frontier_note(d: dict) -> dict:
     now = ", ".join(f"{k} `{v}`" for k, v in DEFAULT_RECIPE.items())
     kit_muon = "optim=muon" in RECIPES.get("kit", [])
     return _blk("text", "neuronfrontier.config (DEFAULT_RECIPE, RECIPES)", "computed from the presets", text=(
-        f"These numbers are from the earlier `frontier` recipe ({' '.join(RECIPES['frontier'])})"
-        + (f", measured {date}" if date else "") + f". The presets now train their default recipe ({now}): "
+        f"These numbers are from the `frontier` recipe ({' '.join(RECIPES['frontier'])}), not a preset's default"
+        + (f", measured {date}" if date else "") + f". The presets train their default recipe ({now}): "
         "the kit's" + (", whose block matrices are trained with Muon too" if kit_muon else "")
         + "; the speedrun step measures it."))
 
