@@ -81,8 +81,14 @@ if __name__ == "__main__":
     res = evaluate_bpb(load_for_eval("out/final.pt", torch.device("cpu")), tok, 8, 128, torch.device("cpu"))
     print0(f"val_bpb {res['val_bpb']:.4f}")
     if ddp:
-        dist.barrier()  # rank 0 holds the store: leaving first aborts the others
+        dist.barrier()  # no rank leaves while another still runs a collective
         dist.destroy_process_group()
+        # A gloo worker thread can still be releasing a collective's tensor when the interpreter finalizes: it then
+        # needs the GIL and aborts the rank (std::terminate; 2 of 36 kit runs under load). Leave without finalizing.
+        import sys
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 '''
 
 
