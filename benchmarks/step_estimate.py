@@ -13,6 +13,7 @@ from pathlib import Path
 
 from neuronfrontier.config import resolve
 from neuronfrontier.cost import step_estimate
+from neuronfrontier.phases import mtp_targets
 from neuronfrontier.train import rank_batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +28,7 @@ def estimates(config: str = "trn2-124m", recipe: str = "trn2", world: int = 8) -
     "The step estimates of `config` with PyTorch ops and with our kernels, at one rank's micro-batch and accumulation."
     mcfg, tcfg = resolve(config, recipe)
     rank = rank_batch(tcfg, mcfg.seq_len, world)
-    mtp = len([w for w in str(tcfg.mtp_weights or "").split(",") if w.strip()]) or 1   # targets a token
-    kw = dict(batch=rank.batch_size, accum=rank.grad_accum, world=world, optim=tcfg.optim, mtp=mtp)
+    kw = dict(batch=rank.batch_size, accum=rank.grad_accum, world=world, optim=tcfg.optim, mtp=mtp_targets(tcfg))
     return step_estimate(mcfg, kernels=False, **kw), step_estimate(mcfg, kernels=True, **kw), rank
 
 

@@ -11,12 +11,12 @@ import math
 import numpy as np
 from .config import ModelConfig, resolve, apply_overrides, rank_batch, TRAIN_DEFAULTS, RECIPES
 from .cost import step_estimate
-from .phases import batch_phase
+from .phases import batch_phase, mtp_targets
 
 # %% auto #0
 __all__ = ['SHAPES', 'POINTS', 'BUDGET_S', 'TARGET_S', 'EARLY_S', 'FREE_STEPS', 'ANCHOR_STEPS', 'ANCHOR_BPB', 'KAPPA', 'SOURCES',
            'SHAPE_CHECKS', 'KERNEL_OPS', 'Point', 'roofline', 'fit', 'family', 'table', 'markdown_table', 'count_steps',
-           'bpb_at', 'predict', 'prediction_line', 'shape_checks', 'faster_ops', 'kernel_prices']
+           'bpb_at', 'predict', 'prediction_line', 'shape_checks', 'faster_ops', 'predict_both', 'kernel_prices']
 
 # %% ../nbs/23_calibration.ipynb #b9ca729e
 def _kit_shape(n_layers: int, d_model: int, seq_len: int = 1024) -> ModelConfig:
@@ -164,7 +164,7 @@ def _rank(config: str, recipe, sets, nproc: int):
     "(model, one process's TrainConfig, targets a token) of a config at `nproc` processes."
     m, t = resolve(config, recipe, sets)
     t = rank_batch(t, m.seq_len, nproc)
-    return m, t, len([w for w in str(t.mtp_weights or "").split(",") if w.strip()]) or 1
+    return m, t, mtp_targets(t)
 
 def bpb_at(steps: float) -> float:
     "val_bpb the exchange rate gives `steps`, anchored at K82s4's 0.9614 at 2,388 steps."
@@ -225,6 +225,11 @@ def faster_ops(config: str = "trn2-124m", recipe: str | None = None, sets=(), np
     ours, torch_ = (_roof_ops(m, t.batch_size, lnc, kern, mtp) for kern in (True, False))
     line = lambda v: v[0] + t.grad_accum * v[1]
     return {op: line(ours[op]) < line(torch_[op]) for op in KERNEL_OPS.values()}
+
+def predict_both(config: str = "trn2-124m", recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1):
+    "(`predict` with PyTorch's ops, `predict` with our kernels where their roofline is faster) at one launch."
+    torch_ = predict(config, recipe, sets, nproc, lnc)
+    return torch_, predict(config, recipe, sets, nproc, lnc, kernels=faster_ops(config, recipe, sets, nproc, lnc))
 
 def _priced(name: str, p: dict, base: dict) -> dict:
     d = None if p["val_bpb"] is None else p["val_bpb"] - base["val_bpb"]

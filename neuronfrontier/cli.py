@@ -10,8 +10,7 @@ from .config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL
 from .flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
-__all__ = ['COMMANDS', 'UNIGRAM_ADVICE', 'LONG_RUN_S', 'SIGPIPE_EXIT', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv',
-           'stdout_closed', 'main']
+__all__ = ['COMMANDS', 'UNIGRAM_ADVICE', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
 
 # %% ../nbs/99_cli.ipynb #1ac459f1
 class UserError(Exception): "A problem with what the user asked for; reported as one line, exit code 2."
@@ -208,7 +207,8 @@ def _result_rows(r: dict) -> list[tuple[str, str]]:
     budget, compile_s = r.get("budget_s"), r.get("compile_s")
     clock = f"on the {r['budget_mode']} clock" + (f", budget {budget:g} s" if budget else "")
     if r.get("overrun_s"): clock += f", overran by {r['overrun_s']:.1f} s"
-    kernels = ", ".join(f"{op}={b}" for op, b in (r.get("backends") or {}).items())
+    from neuronfrontier.ops import backend_spec
+    kernels = backend_spec(r.get("backends") or {}, ", ")
     for op, why in (r.get("kernel_fallbacks") or {}).items(): kernels += f"; {op} fell back to torch ({why})"
     return [
         ("status", f"{r['status']}, {r['steps']:,} step{'' if r['steps'] == 1 else 's'}"), *_score_rows(r),
@@ -568,10 +568,8 @@ def _info(a) -> int:
 
 def _info_prediction(a) -> None:
     "The preset's steps and val_bpb on one trn2 chip, predicted from public chip measurements (notebook 23)."
-    from neuronfrontier.calibration import predict, prediction_line, faster_ops
-    try:
-        torch_ = predict(a.config, a.recipe, a.sets)
-        ours = predict(a.config, a.recipe, a.sets, kernels=faster_ops(a.config, a.recipe, a.sets))
+    from neuronfrontier.calibration import predict_both, prediction_line
+    try: torch_, ours = predict_both(a.config, a.recipe, a.sets)
     except ValueError as e:   # a batch the chip's 8 processes cannot split
         print(f"\non one trn2 chip: no prediction ({e})")
         return
@@ -612,15 +610,15 @@ def _kernels_report(a) -> int:
     return 0
 
 # %% ../nbs/99_cli.ipynb #e2cd091a
-SIGPIPE_EXIT = 128 + 13   # a shell's exit status for a command ended by SIGPIPE (13)
+_SIGPIPE_EXIT = 128 + 13   # a shell's exit status for a command ended by SIGPIPE (13)
 
-def stdout_closed() -> int:
+def _stdout_closed() -> int:
     "Stdout's reader has gone: stdout goes to /dev/null (so the last flush at exit cannot fail); returns 141."
     devnull = os.open(os.devnull, os.O_WRONLY)
     try: os.dup2(devnull, sys.stdout.fileno())
     except (AttributeError, OSError, ValueError): pass   # stdout is no file (a notebook's): nothing to flush
     finally: os.close(devnull)
-    return SIGPIPE_EXIT
+    return _SIGPIPE_EXIT
 
 # %% ../nbs/99_cli.ipynb #663afe01
 def main(argv=None) -> int:
@@ -631,7 +629,7 @@ def main(argv=None) -> int:
         sys.stdout.flush()   # inside the try: a reader gone before the last buffered line is caught here too
         return rc
     except BrokenPipeError:
-        return stdout_closed()
+        return _stdout_closed()
 
 def _main(argv=None) -> int:
     try:

@@ -49,9 +49,9 @@ def evaluate_bpb(model, batches, token_bytes: torch.Tensor) -> float:
 
 # %% ../nbs/28_evaluate.ipynb #b68002ed
 class EvalProgress:
-    """`evaluate_sums`'s `progress`: a bar from the tqdm-like class `bar` on a terminal, closed at the last batch
-    (`close()` for batches of unknown number), else `eval 12/32 batches, 38 s` at the first batch, every `every_s`
-    seconds and at the last; nothing when not `enabled`."""
+    """`evaluate_sums`'s `progress`: a bar from the tqdm-like class `bar` on a terminal, closed at the last batch,
+    else `eval 12/32 batches, 38 s` at the first batch, every `every_s` seconds and at the last; nothing when not
+    `enabled`."""
     def __init__(self, enabled: bool = True, bar=None, every_s: float = 10.0):
         self.enabled, self.every_s, self.t0, self.said = enabled, every_s, time.perf_counter(), None
         self.bar_cls = bar if bar is not None and sys.stderr.isatty() else None
@@ -67,6 +67,3 @@ class EvalProgress:
         elif self.said is None or elapsed - self.said >= self.every_s or done == total:
             print(f"eval {done}/{total or '?'} batches, {elapsed:.0f} s", flush=True)
             self.said = elapsed
-
-    def close(self):
-        if self.bar is not None: self.bar.close()

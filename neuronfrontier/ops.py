@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'pin_backends', 'use_backend',
-           'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm', 'swiglu',
-           'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_mlp_torch',
-           'attention_torch', 'window_mask', 'implementations', 'replaced', 'watched', 'backend_asked', 'fallbacks',
-           'set_fallback', 'set_kernel_importer', 'isolated']
+__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'backend_spec', 'pin_backends',
+           'use_backend', 'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm',
+           'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch',
+           'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced', 'watched',
+           'backend_asked', 'fallbacks', 'set_fallback', 'set_kernel_importer', 'isolated']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
@@ -66,10 +66,13 @@ def set_backend(spec: str) -> dict[str, str]:
     return prev
 
 # %% ../nbs/03_ops.ipynb #32f79d0f
+def backend_spec(backends: dict[str, str], sep: str = ",") -> str:
+    "`parse_backend`'s inverse: 'op=backend' for each op of `backends`, joined by `sep`."
+    return sep.join(f"{op}={b}" for op, b in backends.items())
+
 def pin_backends(backends: dict[str, str]) -> dict[str, str]:
     "Set the backend of the ops named in `backends` (op → backend) and keep the others'; returns the previous setting."
-    spec = {**_state["spec"], **backends}
-    return set_backend(",".join(f"{op}={b}" for op, b in spec.items()))
+    return set_backend(backend_spec({**_state["spec"], **backends}))
 
 # %% ../nbs/03_ops.ipynb #2ef9b7e2
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from .config import TrainConfig, _floats
 
 # %% auto #0
-__all__ = ['batch_phase', 'mtp_weights_at']
+__all__ = ['batch_phase', 'mtp_weights_at', 'mtp_targets']
 
 # %% ../nbs/22_phases.ipynb #62eb5415
 def _numbers(t: TrainConfig, name: str, sep: str = ",") -> tuple[float, ...]:
@@ -49,3 +49,8 @@ def mtp_weights_at(t: TrainConfig, frac: float) -> tuple[float, ...] | None:
             stage = min(int((frac - start) / (end - start) * S), S - 1)
             out.append(w[j] * (1 - (stage + 0.5) / S))
     return tuple(out)
+
+# %% ../nbs/22_phases.ipynb #2c423ac7
+def mtp_targets(t: TrainConfig) -> int:
+    "Targets a token: one per `mtp_weights` entry, 1 (the next token) when it is unset."
+    return len(_numbers(t, "mtp_weights")) or 1

@@ -264,10 +264,8 @@ after a run.
 # %% ../nbs/96_shipping.ipynb #54885146
 def prediction_note(config, recipe, sets, nproc: int, lnc: int) -> str:
     "The README's predicted steps and val_bpb at this launch (notebook 23_calibration), or why there is none."
-    from neuronfrontier.calibration import predict, prediction_line, faster_ops, SOURCES
-    try:
-        torch_ = predict(config, recipe, sets, nproc, lnc)
-        ours = predict(config, recipe, sets, nproc, lnc, kernels=faster_ops(config, recipe, sets, nproc, lnc))
+    from neuronfrontier.calibration import predict_both, prediction_line, SOURCES
+    try: torch_, ours = predict_both(config, recipe, sets, nproc, lnc)
     except ValueError as e:
         return f"No prediction: {e}."
     return (f"- PyTorch's ops: {prediction_line(torch_)}\n"

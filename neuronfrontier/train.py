@@ -766,7 +766,7 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         run.say(
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "
             f"device {run.dev}{f' x {run.world} processes' if run.world > 1 else ''}, "
-            f"ops {', '.join(f'{op}={b}' for op, b in ops.backend_table(run.dev).items())}, "
+            f"ops {ops.backend_spec(ops.backend_table(run.dev), ', ')}, "
             f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.precision.describe()}"
             f"{', compiled' if run.tcfg.compile else ''}, "
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"

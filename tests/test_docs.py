@@ -4,7 +4,8 @@ points outside the repository to the shared folder the facts were first kept in.
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 DOCS = ROOT / "docs"
 OUTSIDE = "../" + "shared/"   # spelled in two parts so this file does not cite it
 # Our docs are lower case (docs/README.md aside); an upper-case name such as FrontierForge's `docs/FINDINGS.md`

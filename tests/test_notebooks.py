@@ -4,11 +4,12 @@ plot, a bare value as its last line) shows it. Reads the JSON only (nothing is e
 `nbdev-clean` keeps outputs (it strips execution counts and metadata), so a missing output means the notebook was saved
 without running that cell, not that the cleaner took it."""
 import ast, json, re
-from pathlib import Path
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-NBS = Path(__file__).resolve().parent.parent / "nbs"
+from conftest import ROOT
+
+NBS = ROOT / "nbs"
 NOTEBOOKS = sorted(NBS.glob("*.ipynb"))
 KERNEL_NBS = ["12_kernel_rmsnorm", "13_kernel_swiglu", "14_kernel_attention", "15_kernel_cross_entropy",
               "16_kernel_moe", "18_kernel_mlp"]

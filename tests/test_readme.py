@@ -1,15 +1,15 @@
 """The README against what the code says: its presets table is `neuronfrontier info`'s, its trn2 expectations are
 `info --config trn2-124m`'s prediction, and its first screen gives both readers their commands (issue 40)."""
 import re
-from pathlib import Path
+from functools import cache
 
-from conftest import cli
+from conftest import ROOT, cli
 
-ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 FIRST_SCREEN = 70   # lines: what a newcomer reads before scrolling far
 
 
+@cache
 def _info(*args) -> str:
     r = cli("info", *args, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import torch
 from .. import ops
-from ..hw import PMAX, FMAX, core_range, logical_cores
+from ..hw import PMAX, FMAX, TRN2, core_range, logical_cores
 from ..sim import nki, nl, nisa, simulate
 
 # %% auto #0
@@ -15,9 +15,9 @@ __all__ = ['SBUF_PP', 'W_BUDGET', 'BANK', 'NKI_REGISTERED', 'TOL', 'fwd_group', 
            'relu2_mlp_nki_sim', 'relu2_inputs', 'hbm_traffic']
 
 # %% ../../nbs/18_kernel_mlp.ipynb #da2e914a
-SBUF_PP = 192 * 1024       # SBUF bytes per partition a kernel may use on trn2 (hw.TRN2.sbuf_budget_pp)
+SBUF_PP = TRN2.sbuf_budget_pp   # SBUF bytes per partition a kernel may use on trn2
 W_BUDGET = 128 * 1024      # forward: SBUF bytes per partition for the resident W_upᵀ and W_downᵀ
-BANK = 2048                # bytes per partition of one PSUM bank
+BANK = TRN2.psum_bank_bytes     # bytes per partition of one PSUM bank
 
 def _isz(t):
     "Bytes per element of a kernel tensor (bf16 or fp32)."

@@ -66,10 +66,12 @@ async function viewRuns(el) {
       ? `, with the overrides the dashboard was started with: <code>${info.sets.map((kv) => `--set ${esc(kv)}`).join(" ")}</code>` : ""}; one run from this page at a time.</p>
   </section>
   <section class="card"><h2>All runs <span class="muted" id="runs-dir"></span></h2><div id="runs-table">Loading…</div></section>
-  <section class="card"><h2>Overlay <span class="muted">(by default the ${NEWEST} newest runs with a loss curve; tick runs above to choose)</span></h2>
+  <section class="card"><h2>Overlay
+    <span class="muted">(by default the ${NEWEST} newest runs with a loss curve; tick runs above to choose)</span></h2>
     <label><input type="radio" name="xaxis" value="time_s" checked> charged time (s)</label>
     <label><input type="radio" name="xaxis" value="tokens"> tokens</label>
-    <div class="chartbox"><canvas id="overlay-chart" data-runs=""></canvas><div id="overlay-empty" class="chart-msg">Loading…</div></div></section>`;
+    <div class="chartbox"><canvas id="overlay-chart" data-runs=""></canvas>
+      <div id="overlay-empty" class="chart-msg">Loading…</div></div></section>`;
   const opt = (sel, vals, fmtv = (v) => v) => { $(sel).innerHTML = vals.map((v) => `<option value="${esc(v)}">${esc(fmtv(v))}</option>`).join(""); };
   opt("#f-config", info.choices.config); opt("#f-recipe", info.choices.recipe, (v) => v || "(none)");
   opt("#f-budget", info.choices.budget); opt("#f-nproc", info.choices.nproc);
@@ -82,9 +84,10 @@ async function viewRuns(el) {
       location.hash = `#/run/${r.name}`;
     } catch (e) { $("#start-msg").innerHTML = `<span class="error">${esc(e.message)}</span>`; $("#start-run").disabled = false; }
   };
-  // The overlay shows the NEWEST runs that logged metrics until the reader ticks or unticks a run; from then on, theirs.
+  // The overlay shows the NEWEST runs that logged metrics until the reader ticks or unticks a run; then theirs.
   const selected = new Set();
-  let picked = false, anyLogged = false;
+  let picked = false, anyLogged = false, drawnKey = null;   // drawnKey: the selection last drawn
+  const selectionKey = () => [...selected].join("\n");
   const overlay = chart($("#overlay-chart"), { type: "scatter", data: { datasets: [] },
     options: { scales: { x: { title: { display: true, text: "charged time (s)" } }, y: { title: { display: true, text: "train loss (nats/token)" } } } } });
   const cache = {};   // run name -> { records, offset }: a running run's metrics are read on from the offset
@@ -100,7 +103,8 @@ async function viewRuns(el) {
     const x = $('input[name="xaxis"]:checked').value, datasets = [], mine = ++drawing;
     for (const n of selected) {
       const recs = await metrics(n, running.has(n));
-      datasets.push(line(n, recs.filter((r) => r.loss !== null && r.loss !== undefined && r[x] !== undefined).map((r) => ({ x: r[x], y: r.loss }))));
+      const points = recs.filter((r) => r.loss !== null && r.loss !== undefined && r[x] !== undefined);
+      datasets.push(line(n, points.map((r) => ({ x: r[x], y: r.loss }))));
     }
     if (mine !== drawing || !$("#overlay-chart")) return;   // a newer redraw, or the reader went to another page
     overlay.data.datasets = datasets;
@@ -117,10 +121,12 @@ async function viewRuns(el) {
   async function table() {
     const runs = await api("/api/runs");
     anyLogged = runs.some((r) => r.logged);
-    if (!picked) { selected.clear(); runs.filter((r) => r.logged).slice(0, NEWEST).forEach((r) => selected.add(r.name)); }
+    if (!picked) {
+      selected.clear();
+      runs.filter((r) => r.logged).slice(0, NEWEST).forEach((r) => selected.add(r.name));
+    }
     const running = new Set(runs.filter((r) => r.status === "running" && selected.has(r.name)).map((r) => r.name));
-    const key = [...selected].join("\n");
-    if (key !== drawnKey || running.size) { drawnKey = key; redraw(running).catch(() => {}); }
+    if (selectionKey() !== drawnKey || running.size) { drawnKey = selectionKey(); redraw(running).catch(() => {}); }
     if (!runs.length) { $("#runs-table").innerHTML = `<p class="muted">No runs yet in ${esc(info.runs)}.</p>`; return; }
     $("#runs-table").innerHTML = `<table id="runs"><tr><th></th><th>run</th><th>config</th><th>recipe</th><th>status</th><th class="num">steps</th>
       <th class="num">tokens</th><th class="num">tok/s</th><th class="num">MFU</th><th class="num">val_bpb</th><th>when</th></tr>` +
@@ -131,10 +137,12 @@ async function viewRuns(el) {
       <td class="num">${fmt(r.val_bpb)}</td><td>${when(r.when)}</td></tr>`).join("") + "</table>" +
       `<p class="muted">tok/s and MFU: measured by each run on its own device; MFU is n/a on CPU (no peak FLOP/s is known for it). val_bpb: measured, on the run's validation tokens.</p>`;
     document.querySelectorAll("input.pick").forEach((c) => (c.onchange = () => {
-      picked = true; c.checked ? selected.add(c.value) : selected.delete(c.value); drawnKey = [...selected].join("\n"); redraw();
+      picked = true;
+      c.checked ? selected.add(c.value) : selected.delete(c.value);
+      drawnKey = selectionKey();
+      redraw();
     }));
   }
-  let drawnKey = null;
   await table();
   timers.push(setInterval(() => table().catch(() => {}), 3000));
 }
