@@ -99,7 +99,13 @@ _SUBMISSION: dict[str, tuple[str, list]] = {
                                                    "--data, else the kit's)"),
             "--out": dict(required=True, help="directory to write the submission into"),
             "--no-fit": dict(dest="fit", action="store_false", help="keep the preset's per-rank batch even if its "
-                                                                    "traced step does not fit one rank's HBM")})]),
+                                                                    "traced step does not fit one rank's HBM")}),
+        ("kernels (default: PyTorch's ops, as the best public score ran)", {
+            "--tuned": dict(default=None, metavar="TUNE_JSON",
+                            help="run an op's NKI kernel only where `neuronfrontier tune` measured the whole step "
+                                 "faster with it"),
+            "--kernels": dict(action="store_true",
+                              help="ship every NKI kernel the model calls, untuned (the README says so)")})]),
 }
 
 # %% ../nbs/99_cli.ipynb #79a9ef51
@@ -113,6 +119,18 @@ _SUBMISSION["rehearse"] = ("run a submission's own train.py and kernels as trn2 
     "--out": dict(default=None, help="where rehearsal.json goes (default DIR/rehearsal.json)"),
     "--no-kit-run": dict(action="store_true", help="skip running the launch line beside the stand-in prepare.py on "
                                                    "this CPU (the kit run)")})])
+_SUBMISSION["tune"] = ("time an export's training step (its launch line, every rank) with PyTorch's ops, each kernel "
+                       "alone, the kernels together and the recipe's micro-batch counts; write tune.json for export "
+                       "--tuned", [("tune", {
+    "dir": dict(help="the submission directory (train.py, nf_kernels/, launch.txt): an `export --kernels`"),
+    "--device": dict(default=None, help="train.py's --device (default: its own, the best available)"),
+    "--steps": dict(type=int, default=20, help="steps timed a variant, after the warm-up (default 20)"),
+    "--warmup": dict(type=int, default=3, help="charged steps dropped before the timed ones (default 3)"),
+    "--nproc": dict(type=int, default=None, help="ranks (default: the launch line's)"),
+    "--data": dict(default=None, help="train.py's --data (default: the kit's loader or the baked path)"),
+    "--tokenizer": dict(default=None, help="train.py's --tokenizer (default: the baked path)"),
+    "--eager": dict(action="store_true", help="time the eager step (default: compiled, as the competition run)"),
+    "--out": dict(default=None, help="where tune.json goes (default DIR/tune.json)")})])
 _SUBMISSION["check"] = ("check a submission against the competition's contract (exit 0 only if every row that "
                         "applies passes)", [("check", {
     "dir": dict(help="the submission directory (train.py, launch.txt)"),
@@ -161,6 +179,10 @@ _TOOLS["plan"] = ("a Phase-2 plan: step time, steps and memory per rank predicte
     "--lnc": dict(type=int, default=1, help="NEURON_LOGICAL_NC_CONFIG: 1 (8 ranks a chip) or 2 (4)"),
     "--startup": dict(default="600s", help="start-up allowance taken off the budget (default 600s)"),
     "--data-tokens": dict(type=float, default=None, help="unique training tokens (default plan.DATA_TOKENS, 4e11)")})])
+
+_TOOLS["calibrate"] = ("refit the step-time calibration with your own chip's measurements (tune.json files, run "
+                       "directories) beside the public ones; print the fit and what it predicts", [("calibrate", {
+    "sources": dict(nargs="+", metavar="RUN_OR_TUNE", help="tune.json files or run directories (result.json)")})])
 
 COMMANDS: dict[str, tuple[str, list]] = {**_TRAINING, **_SCORING, **_SUBMISSION, **_TOOLS}
 
@@ -469,11 +491,17 @@ def _sweep(a) -> int:
 def _export(a) -> int:
     from neuronfrontier.submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR
     from neuronfrontier.shipping import export
+    from neuronfrontier.tune import load_tune, check_tuned
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
     sets = [*a.sets, "fsdp=true"] if a.fsdp else a.sets
+    tuned = load_tune(a.tuned) if a.tuned else None
+    if tuned:
+        check_tuned(tuned, a.config, a.recipe, sets, a.nproc * a.nnodes, a.lnc)
+        if tuned["device"] != "neuron":
+            print(f"note: {a.tuned} was measured on {tuned['device_name']}, not trn2: its decision is that device's")
     out = export(a.config, a.out, a.recipe, sets, a.nproc, a.lnc, data, tok, fit=a.fit, log=print, nnodes=a.nnodes,
-                 rdzv_endpoint=a.rdzv_endpoint)
+                 rdzv_endpoint=a.rdzv_endpoint, kernels=a.kernels, tuned=tuned)
     kern = ", ".join(sorted(p.stem for p in (out / "nf_kernels" / "kernels").glob("*.py") if p.stem != "__init__"))
     print(
         f"wrote {out}/train.py ({(out / 'train.py').stat().st_size:,} bytes), "
@@ -522,6 +550,16 @@ def _rehearse(a) -> int:
             ran, why, _ = kit_run(d, *kit_paths(d), work)
         print(f"kit run {'passed' if ran is True else 'n/a' if ran == NA else 'FAILED'}: {why.removeprefix('n/a: ')}")
     return 0 if rep["passed"] and ran is not False else 1
+
+# %% ../nbs/99_cli.ipynb #10630e97
+def _tune(a) -> int:
+    from neuronfrontier.tune import tune, tune_table
+    out = Path(a.out) if a.out else Path(a.dir) / "tune.json"
+    try: rec = tune(a.dir, a.device, a.steps, a.warmup, a.nproc, a.data, a.tokenizer, not a.eager, out)
+    except RuntimeError as e: raise UserError(str(e)) from None
+    print(tune_table(rec))
+    print(f"wrote {out}; bake it with `neuronfrontier export --tuned {out}` (the same --config, --recipe, --set)")
+    return 0
 
 # %% ../nbs/99_cli.ipynb #ba60e5bf
 def _check(a) -> int:
@@ -653,6 +691,10 @@ def _main(argv=None) -> int:
         if a.cmd == "info": return _info(a)
         if a.cmd == "export": return _export(a)
         if a.cmd == "check": return _check(a)
+        if a.cmd == "tune": return _tune(a)
+        if a.cmd == "calibrate":
+            from neuronfrontier.calibration import cli_calibrate
+            return cli_calibrate(a)
         if a.cmd == "rehearse": return _rehearse(a)
         if a.cmd == "dashboard": return _dashboard(a)
         if a.cmd == "kernels-report": return _kernels_report(a)

@@ -398,6 +398,8 @@ class ExecutionSettings:
                                 # 'bf16' (autocast forward and backward) or 'fp32'
     compile: bool | None = None  # torch.compile the loss path (during the warm-up); None: on Neuron only
     preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
+    preflight_speed: bool = True  # the preflight's per-op timing may refuse a kernel; off where `neuronfrontier tune`
+                                  # chose the kernels by timing the whole step (then it guards correctness only)
     ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
     fsdp: bool = False          # FSDP2 (`train --fsdp`): parameters, gradients, optimizer state sharded over the ranks
 

@@ -12,8 +12,8 @@ from .bundler import scan_imports, PORTAL_FILE_BYTES
 
 # %% auto #0
 __all__ = ['CHECK_TOL', 'NA', 'EXPORT_MARK', 'KIT_RUN_BUDGET_S', 'KIT_RUN_EVAL_TOKENS', 'KIT_RUN_TIMEOUT_S',
-           'KIT_RUN_MAX_STEP_FLOPS', 'MAX_FILE_BYTES', 'CHECKS', 'check_launch', 'launch_shape', 'is_export', 'kit_run',
-           'kit_paths', 'check', 'check_passed', 'check_table']
+           'KIT_RUN_MAX_STEP_FLOPS', 'MAX_FILE_BYTES', 'CHECKS', 'check_launch', 'baked', 'launch_shape', 'is_export',
+           'kit_run', 'kit_paths', 'check', 'check_passed', 'check_table']
 
 # %% ../nbs/97_contract.ipynb #468ddcd3
 def check_launch(text: str) -> tuple[bool, str]:
@@ -173,7 +173,7 @@ def _probe(train_py: str, checkpoint: str, batch_file: str, device: str, tol: st
 CHECK_TOL = 1e-4
 NA = "n/a"   # a row's result when it does not apply to this submission: it neither passes nor fails
 
-def _baked(src: str, name: str, default=None):
+def baked(src: str, name: str, default=None):
     "The literal value of module-level constant `name` in a submission's source (what export baked in), else `default`."
     for n in ast.parse(src).body:
         if isinstance(n, ast.Assign) and [getattr(t, "id", None) for t in n.targets] == [name]:
@@ -242,8 +242,8 @@ def _imports_kit(src: str) -> bool:
 def _too_slow(src: str, ranks: int) -> str:
     "Why an export's launch-line run is too slow for this CPU ('' when it is not): a rank's step FLOPs, estimated."
     from neuronfrontier.config import resolve, rank_batch
-    config = _baked(src, "CONFIG")
-    mcfg, tcfg = resolve(config, _baked(src, "RECIPE"), _baked(src, "SETS", ()))
+    config = baked(src, "CONFIG")
+    mcfg, tcfg = resolve(config, baked(src, "RECIPE"), baked(src, "SETS", ()))
     tcfg = rank_batch(tcfg, mcfg.seq_len, ranks)
     tokens = tcfg.batch_size * mcfg.seq_len * tcfg.grad_accum
     flops = mcfg.flops_per_token() * tokens
@@ -376,8 +376,8 @@ def _rehearsal_row(d: Path, line: str, ours: tuple[bool, str]) -> tuple[bool | s
 def kit_paths(sub_dir, data=None, tokenizer=None) -> tuple[Path, Path]:
     "The data and tokenizer a check of `sub_dir` reads: those given, else those baked into train.py, else the kit's."
     src = (Path(sub_dir) / "train.py").read_text()
-    return (Path(data or _baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve(),
-            Path(tokenizer or _baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser().resolve())
+    return (Path(data or baked(src, "DATA_DIR", KIT_DATA_DIR)).expanduser().resolve(),
+            Path(tokenizer or baked(src, "TOKENIZER_DIR", KIT_TOKENIZER_DIR)).expanduser().resolve())
 
 # %% ../nbs/97_contract.ipynb #66f879c9
 def _probe_rows(site: Path, ck: Path, batch: Path, device: str, tol: float, env: dict) -> list:

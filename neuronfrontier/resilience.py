@@ -11,9 +11,9 @@ from . import ops
 from .config import first_line
 
 # %% auto #0
-__all__ = ['DEFAULT_TOL', 'SLOWER_SLACK', 'SAVE_BYTES_PER_S', 'Faults', 'parse_faults', 'faulty_impl', 'install_kernel_faults',
-           'capture_op_calls', 'check_op', 'preflight', 'preflight_line', 'HostSnapshot', 'time_limit',
-           'save_reserve_s']
+__all__ = ['SLOW_AFTER_CALLS', 'SLOW_CALL_S', 'DEFAULT_TOL', 'SLOWER_SLACK', 'SAVE_BYTES_PER_S', 'Faults', 'parse_faults',
+           'faulty_impl', 'install_kernel_faults', 'capture_op_calls', 'check_op', 'preflight', 'preflight_line',
+           'HostSnapshot', 'time_limit', 'save_reserve_s']
 
 # %% ../nbs/25_resilience.ipynb #00f9a9b8
 @dataclass
@@ -27,21 +27,22 @@ class Faults:
     kernel_import: bool = False              # the kernel modules raise when imported
     kernel_variant: tuple = ()               # ops whose nki implementation raises at its second variant (shapes,
                                              # dtypes or arguments it was not first called with)
+    kernel_slow: tuple = ()                  # ops whose nki stand-in is fast alone and slow in the training step
 
     def __bool__(self): return self != Faults()
 
 # %% ../nbs/25_resilience.ipynb #cdabb0b6
 def parse_faults(spec: str | None) -> Faults:
     "`NF_FAULT` (e.g. 'nan@40,kernel-error:swiglu,slow-save:20') as `Faults`; a ValueError names an unreadable item."
-    f, hint = Faults(), ("use nan@STEP, kernel-error:OP, kernel-mismatch:OP, kernel-variant:OP, kernel-import, "
-                         "slow-save:SECONDS, startup-delay:SECONDS, separated by commas")
+    f, hint = Faults(), ("use nan@STEP, kernel-error:OP, kernel-mismatch:OP, kernel-variant:OP, kernel-slow:OP, "
+                         "kernel-import, slow-save:SECONDS, startup-delay:SECONDS, separated by commas")
     for item in (x.strip() for x in (spec or "").split(",")):
         if not item: continue
         kind, sep, arg = item.partition("@" if item.startswith("nan") else ":")
         try:
             if kind == "nan" and sep: f.nan_at = int(arg)
             elif kind == "kernel-import" and not sep: f.kernel_import = True
-            elif kind in ("kernel-error", "kernel-mismatch", "kernel-variant") and sep:
+            elif kind in ("kernel-error", "kernel-mismatch", "kernel-variant", "kernel-slow") and sep:
                 if arg not in ops.OPS: raise ValueError(f"unknown op {arg!r}; ops are {', '.join(ops.OPS)}")
                 name = kind.replace("kernel-", "kernel_")
                 setattr(f, name, getattr(f, name) + (arg,))
@@ -61,12 +62,16 @@ def _variant(args, kwargs) -> tuple:
     return tuple(map(key, args)) + tuple((k, key(v)) for k, v in sorted(kwargs.items()))
 
 # %% ../nbs/25_resilience.ipynb #e67fe80d
+SLOW_AFTER_CALLS = 5   # kernel-slow: the preflight's five calls (check, warm-up, three timed) run at full speed
+SLOW_CALL_S = 0.1      # then each call costs this much more (far above a busy CPU's noise)
+
 def faulty_impl(op: str, impl, kind: str):
     """A stand-in for OP's nki implementation: `impl` raising on its first call (`kind='error'`), at its second variant
-    (`'variant'`), or perturbing results (`'mismatch'`)."""
+    (`'variant'`), perturbing results (`'mismatch'`), or slow after its first `SLOW_AFTER_CALLS` calls (`'slow'`)."""
     calls, first = [0], []
     def run(*args, **kwargs):
         calls[0] += 1
+        if kind == "slow" and calls[0] > SLOW_AFTER_CALLS: time.sleep(SLOW_CALL_S)
         if kind == "error" and calls[0] == 1:
             raise RuntimeError(f"NF_FAULT kernel-error:{op}: the kernel failed on its first call")
         if kind == "variant":
@@ -82,17 +87,19 @@ def _raising_import(name: str):
     raise RuntimeError(f"NF_FAULT kernel-import: {name} raised while importing")
 
 def install_kernel_faults(faults: Faults) -> list[str]:
-    "Put the fault stand-ins of `faults` into the ops table and set their ops to `nki`; returns the ops so faulted."
-    done = []
+    """Put the fault stand-ins of `faults` into the ops table and set their ops to `nki` (a slow stand-in runs where the
+    `kernels` setting asks for it); returns the ops so faulted."""
+    done, pinned = [], []
     if faults.kernel_import: ops.set_kernel_importer(_raising_import)
     ops.load_kernels()
     for kind, names in (("error", faults.kernel_error), ("mismatch", faults.kernel_mismatch),
-                        ("variant", faults.kernel_variant)):
+                        ("variant", faults.kernel_variant), ("slow", faults.kernel_slow)):
         for op in names:
             impls = ops.implementations(op)
             ops.register(op, "nki")(faulty_impl(op, impls.get("nki") or impls["torch"], kind))
             done.append(op)
-    ops.pin_backends({op: "nki" for op in done})
+            if kind != "slow": pinned.append(op)
+    ops.pin_backends({op: "nki" for op in pinned})
     return done
 
 # %% ../nbs/25_resilience.ipynb #71718684
@@ -130,9 +137,11 @@ def _fwd_bwd(impl, args, kwargs, seed, autocast_ctx):
     return out.detach(), [x.grad for x in xs if isinstance(x, torch.Tensor) and x.requires_grad]
 
 # %% ../nbs/25_resilience.ipynb #c4fb2028
-def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, seed: int = 0) -> dict:
+def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, seed: int = 0,
+             speed: bool = True) -> dict:
     """Run `impl` (OP's implementation on trial) and OP's PyTorch implementation forward and backward on the captured
-    arguments: {'ok', 'reason', 'errors', 'impl_s', 'torch_s'}. `sync()` waits for the device."""
+    arguments: {'ok', 'reason', 'errors', 'impl_s', 'torch_s'}. `sync()` waits for the device. `speed=False`: both are
+    timed, but a slower kernel is kept (the whole step's timing chose it: 98_tune)."""
     ref_impl = ops.implementations(op)["torch"]
     dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), torch.float32)
     if torch.is_autocast_enabled(args[0].device.type): dtype = torch.get_autocast_dtype(args[0].device.type)
@@ -166,19 +175,20 @@ def check_op(op: str, impl, args, kwargs, autocast_ctx, sync, reps: int = 3, see
         res["reason"] = f"raised {type(e).__name__} on a later call: {first_line(e)}"
         return res
     res["torch_s"] = timed(lambda: _fwd_bwd(ref_impl, args, kwargs, seed, autocast_ctx))
-    if res["impl_s"] > SLOWER_SLACK * res["torch_s"]:
+    if speed and res["impl_s"] > SLOWER_SLACK * res["torch_s"]:
         res["reason"] = (f"slower than PyTorch: {res['impl_s'] * 1e3:.2f} vs {res['torch_s'] * 1e3:.2f} ms "
                          "forward + backward")
         return res
     res["ok"], res["reason"] = True, f"matches (worst {worst} {res['errors'][worst]:.1e} <= {tol:.0e}), " \
-                                     f"{res['torch_s'] / res['impl_s']:.2f}x PyTorch's speed"
+                                     f"{res['torch_s'] / res['impl_s']:.2f}x PyTorch's speed alone" \
+                                     f"{'' if speed else ' (the tuned step decides speed)'}"
     return res
 
 # %% ../nbs/25_resilience.ipynb #68ae23d4
 def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda: None, agree=None,
-              loss_kw: dict | None = None) -> dict:
+              loss_kw: dict | None = None, speed: bool = True) -> dict:
     """{op: {'backend', 'reason', 'impl_ms', 'torch_ms', 'errors'}} for the ops `model` calls that run nki on `device`,
-    each checked on the arguments `model.loss(x, y, **loss_kw)` hands it."""
+    each checked on the arguments `model.loss(x, y, **loss_kw)` hands it; `speed=False`: correctness alone decides."""
     wanted = [op for op in ops.OPS if ops.backend_for(op, device, warn=False) == "nki"]
     if not wanted: return {}
     t0 = time.perf_counter()
@@ -188,7 +198,7 @@ def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda:
         if time.perf_counter() - t0 > deadline_s:
             out[op] = {"backend": "torch", "reason": f"not checked: the preflight's {deadline_s:.0f} s were spent"}
             continue
-        r = check_op(op, ops.implementations(op)["nki"], *calls[op], autocast_ctx, sync)
+        r = check_op(op, ops.implementations(op)["nki"], *calls[op], autocast_ctx, sync, speed=speed)
         out[op] = {"backend": "nki" if r["ok"] else "torch", "reason": r["reason"], "errors": r["errors"],
                    **{f"{k}_ms": None if r[f"{k}_s"] is None else round(r[f"{k}_s"] * 1e3, 3)
                       for k in ("impl", "torch")}}

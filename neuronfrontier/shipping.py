@@ -11,7 +11,8 @@ from .submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR, COMPETITION_BUDGET_S, A
 from .bundler import PKG, ExportError, bundle, bundle_names, provenance
 
 # %% auto #0
-__all__ = ['KERNEL_PACKAGE', 'ops_used', 'kernel_modules', 'ship_kernels', 'launch_line', 'prediction_note', 'export']
+__all__ = ['KERNEL_PACKAGE', 'ops_used', 'kernel_modules', 'ship_kernels', 'kernel_ops', 'launch_line', 'kernel_choice',
+           'tuned_section', 'prediction_note', 'export']
 
 # %% ../nbs/96_shipping.ipynb #6dd94a7e
 KERNEL_PACKAGE = "nf_kernels"   # the directory a submission ships its NKI kernels in, beside train.py
@@ -183,6 +184,14 @@ def ship_kernels(out_dir, names, prov: dict | None = None) -> list[Path]:
         (root / rel).write_text(text)
     return [root / rel for rel in files]
 
+# %% ../nbs/96_shipping.ipynb #37c2b8ec
+def kernel_ops(pkg_dir) -> list[str]:
+    "The ops the kernel package in `pkg_dir` (a submission's `nf_kernels/`) registers `nki` for, in `ops.OPS` order."
+    from neuronfrontier.ops import OPS
+    found = set()
+    for f in sorted(Path(pkg_dir).glob("kernels/*.py")): found |= _kernel_imports(f.stem, f.read_text())[0]
+    return [op for op in OPS if op in found]
+
 # %% ../nbs/96_shipping.ipynb #359ba83d
 def launch_line(nproc: int = 8, lnc: int = 1, nnodes: int = 1, rdzv_endpoint: str | None = None) -> str:
     """The launch command the organisers run: `NEURON_LOGICAL_NC_CONFIG=lnc torchrun --standalone --nproc_per_node=nproc
@@ -195,19 +204,54 @@ def launch_line(nproc: int = 8, lnc: int = 1, nnodes: int = 1, rdzv_endpoint: st
     meet = " ".join(rendezvous_flags(nnodes, rdzv_endpoint))   # the same line on every machine: no node rank
     return f"NEURON_LOGICAL_NC_CONFIG={lnc} torchrun {meet} --nproc_per_node={nproc} train.py"
 
-# %% ../nbs/96_shipping.ipynb #1015acc2
+# %% ../nbs/96_shipping.ipynb #9057180c
+def kernel_choice(sets, kernels: bool = False, tuned: dict | None = None) -> tuple[list[str], str]:
+    """(settings the export adds, how its ops were chosen: 'pytorch', 'untuned' or 'tuned'): PyTorch's ops unless a
+    tune file's decision (`tuned`), `kernels=True` or the user's own `--set kernels=...` says otherwise."""
+    asked = [s.split("=", 1)[1].strip() for s in sets if s.split("=", 1)[0].strip() == "kernels"]
+    if tuned is not None:
+        if asked or kernels: raise ValueError("--tuned chooses the kernels: drop --kernels and --set kernels=...")
+        return [f"kernels={tuned['kernels']}", "preflight_speed=false"], "tuned"   # the preflight guards correctness
+    if asked: return [], "pytorch" if asked[-1] == "torch" else "untuned"
+    return ([], "untuned") if kernels else (["kernels=torch"], "pytorch")
+
+# %% ../nbs/96_shipping.ipynb #01daffc6
+def _ops_line(mode: str, kmods, spec: str, tuned: dict | None) -> str:
+    "The README's line on which ops run NKI kernels and why."
+    shipped = f"the NKI kernels in `{KERNEL_PACKAGE}/` ({', '.join(kmods)}: verbatim copies of the package's modules)"
+    if mode == "tuned" and kmods:
+        return (f"{shipped} where `neuronfrontier tune` measured the whole step faster with them on "
+                f"{tuned['device_name']} (below), PyTorch's ops elsewhere (`kernels={spec}`); the preflight guards "
+                f"correctness only")
+    if mode == "untuned" and kmods:
+        return (f"{shipped} on trn2, PyTorch elsewhere (`kernels={spec}`): untuned, no timing of the whole step chose "
+                f"them; the preflight keeps a kernel that runs, matches and is not slower alone")
+    why = "the tune file found no kernel that made the step faster" if mode == "tuned" else (
+        "the way the best public score ran; `neuronfrontier tune` times the step with our kernels on your chip")
+    return f"PyTorch's ops, no NKI kernel files shipped ({why})"
+
+# %% ../nbs/96_shipping.ipynb #5b78aaf5
+def tuned_section(tuned: dict) -> str:
+    "The README's table of a tune file's step times, one row a variant, and its decision per op."
+    v = tuned["versions"]
+    head = (f"Measured by `neuronfrontier tune` on {tuned['device_name']} (torch {v.get('torch')}, torch-neuronx "
+            f"{v.get('torch_neuronx') or '-'}, neuronx-cc {v.get('neuronx_cc') or '-'}), `{tuned['launch']}`, "
+            f"{'compiled' if tuned['compiled'] else 'eager'}; medians of the timed steps after warm-up.\n\n"
+            "| variant | compile s | median step s | p10–p90 s | status |\n|---|---|---|---|---|")
+    fmt = lambda x, f: "–" if x is None else format(x, f)
+    rows = [f"| {r['name']} | {fmt(r['compile_s'], '.1f')} | {fmt(r['median_s'], '.4f')} | "
+            f"{'–' if not r['spread_s'] else '%.4f–%.4f' % tuple(r['spread_s'])} | {r['status']}"
+            f"{': ' + r['why'] if r['why'] else ''} |" for r in tuned["variants"]]
+    ops_ = [f"- `{op}`: {d['backend']} ({d['why']})" for op, d in tuned["decision"].items()]
+    return "\n".join([head, *rows, "", *ops_])
+
+# %% ../nbs/96_shipping.ipynb #e64f9de5
 def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods=(), fit_note="",
-            predicted="") -> str:
+            predicted="", mode="pytorch", tuned=None) -> str:
     from neuronfrontier.config import config_dict, recipe_names
     from neuronfrontier.sources import setting_sources
 
-    ops_line = (
-        f"the NKI kernels in `{KERNEL_PACKAGE}/` ({', '.join(kmods)}: verbatim copies of the package's kernel "
-        f"modules) on trn2,\n"
-        f"  PyTorch elsewhere (`--set kernels=...`: {tcfg.kernels})"
-        if kmods
-        else "plain PyTorch (no NKI kernel files are shipped)"
-    )
+    ops_line = _ops_line(mode, kmods, tcfg.kernels, tuned)
     recipes = " + ".join(recipe_names(config, recipe))
     fitted = {"batch_size", "grad_accum"} if fit_note else set()   # set by the memory plan, not by the user
     planned = "the export's memory plan (below)"
@@ -250,6 +294,7 @@ a step runs, not what it computes (`neuronfrontier info --config {config}` print
 |---|---|---|
 {sources}
 {f"{chr(10)}## Memory per rank{chr(10)}{chr(10)}{fit_note}{chr(10)}" if fit_note else ""}
+{f"{chr(10)}## Measured step times (tune.json){chr(10)}{chr(10)}{tuned_section(tuned)}{chr(10)}" if tuned else ""}
 {f"{chr(10)}## Predicted on the chip{chr(10)}{chr(10)}{predicted}{chr(10)}" if predicted else ""}
 No measured figures are claimed here: run `neuronfrontier check .` before submitting, and read `out/result.json`
 after a run.
@@ -275,7 +320,7 @@ def prediction_note(config, recipe, sets, nproc: int, lnc: int) -> str:
 
 # %% ../nbs/96_shipping.ipynb #ec1e49c2
 def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, fit_note="", nnodes=1,
-           rdzv_endpoint=None) -> Path:
+           rdzv_endpoint=None, mode="pytorch", tuned=None) -> Path:
     "Bundle and write the submission's files into `out` (train.py, nf_kernels/, launch.txt, README.md)."
     import shutil
     from neuronfrontier.config import resolve, rank_batch
@@ -300,7 +345,7 @@ def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir,
     (out / "launch.txt").write_text(launch + "\n")
     predicted = prediction_note(config, recipe, list(sets), nproc, lnc) if nnodes == 1 else ""
     readme = _readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods, fit_note,
-                     predicted)
+                     predicted, mode, tuned)
     (out / "README.md").write_text(readme)
     return out
 
@@ -321,16 +366,19 @@ def _fit_note(plan: dict, rows: int, seq_len: int, lnc: int, changed: bool) -> s
 # %% ../nbs/96_shipping.ipynb #9c93d920
 def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int = 8, lnc: int = 1,
            data_dir=KIT_DATA_DIR, tokenizer_dir=KIT_TOKENIZER_DIR, fit: bool = True, log=None, nnodes: int = 1,
-           rdzv_endpoint: str | None = None) -> Path:
+           rdzv_endpoint: str | None = None, kernels: bool = False, tuned: dict | None = None) -> Path:
     """Write a submission into `out_dir`: train.py (bundled, the config baked in), nf_kernels/ (when an op runs NKI on
-    trn2), launch.txt and README.md; returns `out_dir`. With `fit`, the per-rank micro-batch is the largest whose traced
-    step fits one rank's HBM (`rehearsal.plan_batch`, kernels and PyTorch ops alike), gradient accumulation keeping the
-    global batch; `log` (e.g. print) hears what was chosen. `nnodes` > 1: launched on that many machines of `nproc`
-    processes each, meeting at `rdzv_endpoint`."""
+    trn2), launch.txt and README.md; returns `out_dir`. Its ops are PyTorch's unless `tuned` (a tune file's record,
+    98_tune) chose kernels by timing the whole step, or `kernels` ships them untuned (`kernel_choice`). With `fit`, the
+    per-rank micro-batch is the largest whose traced step fits one rank's HBM (`rehearsal.plan_batch`, kernels and
+    PyTorch ops alike), gradient accumulation keeping the global batch; `log` (e.g. print) hears what was chosen.
+    `nnodes` > 1: launched on that many machines of `nproc` processes each, meeting at `rdzv_endpoint`."""
     from neuronfrontier.config import resolve, rank_batch
     from neuronfrontier.rehearsal import plan_batch
-    out, sets, world = Path(out_dir), list(sets), nproc * nnodes
-    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
+    added, mode = kernel_choice(sets, kernels, tuned)
+    out, sets, world = Path(out_dir), [*sets, *added], nproc * nnodes
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint,
+           mode=mode, tuned=tuned)
     if not fit: return out
     mcfg, tcfg = resolve(config, recipe, sets)
     tcfg = rank_batch(tcfg, mcfg.seq_len, world)
@@ -348,6 +396,6 @@ def export(config: str, out_dir, recipe: str | None = None, sets=(), nproc: int 
     changed = plan["batch_size"] != tcfg.batch_size
     if changed: sets += [f"batch_size={plan['batch_size']}", f"grad_accum={plan['grad_accum']}"]
     note = _fit_note(plan, rows, mcfg.seq_len, lnc, changed)
-    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, note, nnodes, rdzv_endpoint)
+    _write(out, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir, note, nnodes, rdzv_endpoint, mode, tuned)
     if log: log(f"memory per rank: {note}")
     return out

@@ -51,7 +51,8 @@ FIELD_SOURCES: dict[str, str] = {
     "mtp_weights": "off: the next token only, as the kit",
     "mtp_fade": "off (no multi-token weights to fade)",
     "mtp_stages": "FrontierForge K82s4: 4 stages a fade (recipes/K82s4/train.py)",
-    "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere",
+    "kernels": "runtime: NKI on trn2 where the preflight keeps it (25_resilience), PyTorch elsewhere; an export runs "
+               "PyTorch's ops unless a tune file chose kernels (98_tune)",
     "dtype": "runtime: auto = bf16 where the device computes it natively (trn2, CUDA, a CPU whose probe says so), "
              "else fp32 (02_precision)",
     "compile": "chip evidence: compiled code took FrontierForge from 912 to ~2,390 steps in 30 min (CHIP_EVIDENCE 2); "
@@ -71,6 +72,8 @@ FIELD_SOURCES: dict[str, str] = {
     "row_pool_from": "FrontierForge K82s4 pools from micro-batch 96; inert while row_pool=0",
     "row_pool_salt": "choice: any fixed salt gives one order (K82s4: 4); inert while row_pool=0",
     "preflight": "measured here: a kernel only if it runs, matches and is not slower (25_resilience)",
+    "preflight_speed": "chip evidence: RK's matmul kernel, 6-18% faster alone, took the step from 0.715 to 0.870 s "
+                       "(CHIP_EVIDENCE 3); an export from a tune file (98_tune) turns the per-op timing off",
     "preflight_frac": "choice: at most 5% of the budget for the preflight",
     "compile_frac": "choice: at most 25% of the budget for compilation",
     "snapshot_every": "measured here: a host copy every 50 steps (cost in result.json; 25_resilience)",

@@ -714,7 +714,7 @@ def run_preflight(run: Run) -> dict:
     mtp = mtp_weights_at(tcfg, 0.0)   # the loss's multi-token targets as the first steps call it (one kernel variant)
     loss_kw = {} if mtp is None else {"mtp": torch.tensor(mtp, device=dev)}
     decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
-                          sync=lambda: synchronize(dev), agree=agree, loss_kw=loss_kw)
+                          sync=lambda: synchronize(dev), agree=agree, loss_kw=loss_kw, speed=tcfg.preflight_speed)
     ops.pin_backends({op: "torch" for op, d in decisions.items() if d["backend"] == "torch"})
     if decisions: run.say(preflight_line(decisions))
     return decisions

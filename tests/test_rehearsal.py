@@ -14,7 +14,7 @@ from neuronfrontier.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
     "cpu-micro as exported (dtype=auto: bf16 autocast on the chip), without the memory plan: 2 × 512 tokens per rank."
-    return S.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", fit=False)
+    return S.export("cpu-micro", tmp_path_factory.mktemp("rh") / "micro", fit=False, kernels=True)
 
 
 def _edited(src: Path, dst: Path, rel: str, old: str, new: str) -> Path:
@@ -117,7 +117,7 @@ def test_an_op_that_escapes_autocast(micro, tmp_path):
 def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
     """The backward as the previous release launched it — every token of the rank in one call — at d_model 768
     (dense-124m's width) and 4,096 tokens a rank: its own SBUF precondition refuses it; the rehearsal names it."""
-    d = S.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False)   # SwiGLU
+    d = S.export("cpu-tiny", tmp_path / "wide", recipe="frontier", sets=["d_model=768"], fit=False, kernels=True)   # SwiGLU
     chunked = ("        return swiglu_backward(x, wg, wu, dh, launch(swiglu_bwd_kernel), logical_cores())"
                "   # dW: fp32 sums\n")
     whole = ("        dx, g, u = swiglu_bwd_kernel[logical_cores()](x, wg, wu, dh)\n"   # directly, as then
@@ -134,7 +134,7 @@ def test_the_previous_swiglu_backward_fails_at_768_wide(tmp_path):
 @pytest.mark.slow
 def test_dense_124m_export_rehearses_at_production_shapes(tmp_path):
     "dense-124m exported for 8 ranks at LNC 1 (fitted) rehearses: every kernel call passes in bf16, the memory fits."
-    r = cli("export", "--config", "dense-124m", "--out", tmp_path / "sub")
+    r = cli("export", "--config", "dense-124m", "--kernels", "--out", tmp_path / "sub")
     assert r.returncode == 0 and "memory per rank:" in r.stdout, r.stdout + r.stderr
     r = cli("rehearse", tmp_path / "sub")
     print(r.stdout)
@@ -146,11 +146,17 @@ def test_dense_124m_export_rehearses_at_production_shapes(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_export_is_trn2_124m_and_rehearses(tmp_path):
-    "`export` with no --config writes trn2-124m (K82s4's shape and recipe): under the portal's size, fitted, rehearsed."
-    r = cli("export", "--out", tmp_path / "sub")
+    """`export` with no --config writes trn2-124m (K82s4's shape and recipe) on PyTorch's ops: under the portal's size,
+    fitted, rehearsed; with --kernels the same export ships the kernels, and the rehearsal runs every call of them."""
+    r = cli("export", "--out", tmp_path / "plain")
     assert r.returncode == 0 and "memory per rank:" in r.stdout, r.stdout + r.stderr
-    assert "CONFIG = 'trn2-124m'" in (tmp_path / "sub" / "train.py").read_text()
-    assert (tmp_path / "sub" / "train.py").stat().st_size < 262_144
+    src = (tmp_path / "plain" / "train.py").read_text()
+    assert "CONFIG = 'trn2-124m'" in src and "'kernels=torch'" in src and not (tmp_path / "plain" / "nf_kernels").exists()
+    assert (tmp_path / "plain" / "train.py").stat().st_size < 262_144
+    r = cli("rehearse", tmp_path / "plain", "--no-kit-run")
+    assert r.returncode == 0 and "rehearsal passed" in r.stdout, r.stdout + r.stderr
+    r = cli("export", "--kernels", "--out", tmp_path / "sub")
+    assert r.returncode == 0 and (tmp_path / "sub" / "train.py").stat().st_size < 262_144, r.stdout + r.stderr
     r = cli("rehearse", tmp_path / "sub")
     print(r.stdout)
     assert r.returncode == 0 and "rehearsal passed" in r.stdout, r.stdout + r.stderr

@@ -171,7 +171,7 @@ def test_an_exported_submission_survives_every_fault_at_once(pydocs, tmp_path):
     kernel that raises, a kernel that is wrong, a slow disk and a slow start ends within its wall budget with a finite
     final.pt whose val_bpb, scored through the export's load_for_eval, is below the unigram baseline."""
     d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", "log_every=5", "snapshot_every=5"],
-                 data_dir=pydocs, tokenizer_dir=pydocs / "tokenizer", fit=False)
+                 data_dir=pydocs, tokenizer_dir=pydocs / "tokenizer", fit=False, kernels=True)
     budget = 40
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1",
                NF_FAULT="nan@20,kernel-error:swiglu,kernel-mismatch:attention,slow-save:2,startup-delay:3")
@@ -201,7 +201,7 @@ def test_an_exported_submission_survives_each_fault(pydocs, tmp_path, fault, bud
     # a start-up delay: a warm-up of 10% of what is left (~3 s, ~10 steps here) and every step logged, so its start shows
     sets = ["warmup_frac=0.1", "log_every=1"] if fault.startswith("startup") else ["log_every=5"]
     d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192", *sets], data_dir=pydocs,
-                 tokenizer_dir=pydocs / "tokenizer", fit=False)
+                 tokenizer_dir=pydocs / "tokenizer", fit=False, kernels=True)
     env = dict(os.environ, NF_BUDGET=str(budget), NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1", NF_FAULT=fault)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"],
                        cwd=d, capture_output=True, text=True, timeout=600, env=env)
@@ -225,7 +225,7 @@ def test_an_exported_submission_survives_kernels_that_fail_late(pydocs, tmp_path
     variant (rms_norm: d_model, then the QK-norm at d_head): the op falls back to PyTorch, the run ends with a finite
     out/final.pt, and result.json says what was given up."""
     d = S.export("cpu-micro", tmp_path / "sub", sets=["eval_tokens=8192"], data_dir=pydocs,
-                 tokenizer_dir=pydocs / "tokenizer", fit=False)
+                 tokenizer_dir=pydocs / "tokenizer", fit=False, kernels=True)
     env = dict(os.environ, NF_OUT=str(tmp_path / "out"), PYTHONUNBUFFERED="1", NF_FAULT=fault)
     # preflight=false: the preflight would keep PyTorch for the stand-in kernel when it times slower (it wraps PyTorch),
     # and the late failure would never be reached

@@ -21,9 +21,10 @@ def _losses(run_dir):
 
 @pytest.fixture(scope="module")
 def sub(pydocs, tmp_path_factory):
-    "cpu-micro exported with the embedded corpus baked in, trained by `torchrun --nproc_per_node 2 train.py` (25 s charged)."
+    """cpu-micro exported with the embedded corpus baked in and its kernels shipped (--kernels), trained by
+    `torchrun --nproc_per_node 2 train.py` (25 s charged)."""
     d = tmp_path_factory.mktemp("sub") / "sub"
-    r = cli("export", "--config", "cpu-micro", "--data", pydocs, "--out", d, *FAST)
+    r = cli("export", "--config", "cpu-micro", "--data", pydocs, "--out", d, "--kernels", *FAST)
     assert r.returncode == 0, r.stderr
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py"], cwd=d,
                        capture_output=True, text=True, timeout=600, env=dict(os.environ, NF_BUDGET="25", PYTHONUNBUFFERED="1"))
@@ -44,7 +45,7 @@ def test_train_py_is_self_contained_and_generated(sub):
                                                      "checkpoint", "spikes", "averaging", "train", "flags", "submission")]
     assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
-    # the NKI kernel files it uses on trn2 (kernels=auto): the package's kernel modules, byte for byte
+    # the NKI kernel files it uses on trn2 (--kernels: kernels=auto): the package's kernel modules, byte for byte
     assert "KERNEL_MODULES = ('nf_kernels',)" in src
     for n in ("rmsnorm", "swiglu", "attention", "cross_entropy"):
         assert (d / "nf_kernels" / "kernels" / f"{n}.py").read_text() == S._kernel_source(n)
@@ -55,7 +56,7 @@ def test_train_py_is_self_contained_and_generated(sub):
 def test_an_moe_submission_trains_and_ships_the_expert_kernel(pydocs, tmp_path):
     "cpu-tiny-moe exported: the MoE presets (added to CONFIGS after the dict) are bundled, its kernel shipped; 2 steps train and score."
     d = tmp_path / "moe"
-    r = cli("export", "--config", "cpu-tiny-moe", "--data", pydocs, "--out", d, "--set", "eval_tokens=4096")
+    r = cli("export", "--config", "cpu-tiny-moe", "--data", pydocs, "--out", d, "--kernels", "--set", "eval_tokens=4096")
     assert r.returncode == 0, r.stderr
     assert (d / "nf_kernels" / "kernels" / "moe.py").read_text() == S._kernel_source("moe")
     p = subprocess.run([sys.executable, "train.py", "--steps", "2", "--out", str(tmp_path / "run"), "--quiet"], cwd=d, capture_output=True, text=True, timeout=600)
