@@ -12,7 +12,7 @@ import argparse, re, sys
 from pathlib import Path
 
 from neuronfrontier.config import resolve
-from neuronfrontier.cost import step_estimate
+from neuronfrontier.cost import step_estimate, torch_work
 from neuronfrontier.phases import mtp_targets
 from neuronfrontier.train import rank_batch
 
@@ -33,7 +33,8 @@ def estimates(config: str = "trn2-124m", recipe: str = "trn2", world: int = 8) -
 
 
 def table() -> str:
-    "The markdown table: per op and in all, milliseconds a step; tokens/s and MFU; the measured step beside."
+    """The markdown table: per op and in all, milliseconds a step; tokens/s and MFU; the measured step beside; then
+    the matmul FLOPs our kernels run (`flop_table`)."""
     torch_, ours, rank = estimates()
     tokens = ours["tokens_per_step"]
     head = ("| trn2-124m, one optimizer step of 262,144 tokens | " + " | ".join(OPS)
@@ -58,7 +59,48 @@ def table() -> str:
             f"measured step is {m['step_s'] / torch_['step_s']:.2f}× the PyTorch estimate (the measured code is compiled "
             f"PyTorch with FrontierForge's own MLP backward; the gap is what a roofline leaves out: host dispatch, "
             f"latencies, engines waiting on each other).")
-    return "\n".join(rows) + "\n\n" + note
+    return "\n".join(rows) + "\n\n" + note + "\n\n" + flop_table()
+
+
+def flop_shares(config: str = "trn2-124m", recipe: str = "trn2", world: int = 8) -> dict:
+    """Matmul FLOPs of one rank's optimizer step for the ops our kernels replace (attention's QKᵀ and PV, the MLP, the
+    loss) and the rest (projections, the optimizer's Newton-Schulz): the model's own (causal attention, nothing
+    recomputed), what PyTorch's ops execute (every score of the square), what our kernels execute (causal blocks only,
+    their backward recomputing); each row's share in our kernels. From the roofline's works (`cost.step_estimate`)."""
+    torch_, ours, rank = estimates(config, recipe, world)
+    m, _ = resolve(config, recipe)
+    T, tokens = m.seq_len, rank.batch_size * m.seq_len * rank.grad_accum
+    flops = lambda est, op: est["ops"][op]["work"].tensor_flops
+    core_torch = torch_work("attention", rank.batch_size * m.n_heads, T, m.d_head).tensor_flops * m.n_layers
+    core_torch *= rank.grad_accum
+    rest = flops(torch_, "attention") - core_torch + flops(torch_, "optimizer")     # the same in every row
+    keys = sum(T / 2 if w is None or w >= T else w - w * w / (2 * T) for w in m.windows)   # as flops_per_token
+    rows = {"the model's (causal attention, nothing recomputed)": (12 * keys * m.d_attn * tokens,
+                                                                    flops(torch_, "MLP"), flops(torch_, "loss")),
+            "PyTorch's ops execute": (core_torch, flops(torch_, "MLP"), flops(torch_, "loss")),
+            "our kernels execute (recomputation included)": (flops(ours, "attention") - rest + flops(ours, "optimizer"),
+                                                             flops(ours, "MLP"), flops(ours, "loss"))}
+    return {name: dict(attention=a, MLP=mlp, loss=loss, rest=rest, share=(a + mlp + loss) / (a + mlp + loss + rest))
+            for name, (a, mlp, loss) in rows.items()}
+
+
+def flop_table() -> str:
+    "`flop_shares` as markdown, then what the kernels the roofline favours cover."
+    sh = flop_shares()
+    out = ["| matmul TFLOP, one step of a rank | attention (QKᵀ, PV) | MLP | loss | projections and optimizer | the "
+           "ops our kernels replace |", "|---|---|---|---|---|---|"]
+    out += [f"| {name} | {r['attention'] / 1e12:.2f} | {r['MLP'] / 1e12:.2f} | {r['loss'] / 1e12:.2f} | "
+            f"{r['rest'] / 1e12:.2f} | {r['share']:.0%} |" for name, r in sh.items()]
+    model = sh["the model's (causal attention, nothing recomputed)"]
+    total = model["attention"] + model["MLP"] + model["loss"] + model["rest"]
+    torch_, ours, _ = estimates()
+    ms = lambda est: est["ops"]["MLP"]["total"] * 1e3
+    out.append(f"\nThe MLP is {model['MLP'] / total:.0%} of the model's matmul FLOPs, and its kernel's roofline "
+               f"({ms(ours):.1f} ms) is slower than PyTorch's ({ms(torch_):.1f} ms), so the faster-per-op choice keeps "
+               f"it on PyTorch; the kernels that choice keeps (attention, loss; the norms multiply no matrices) run "
+               f"{(model['attention'] + model['loss']) / total:.0%} of the model's matmul FLOPs (roofline works, "
+               "not a measurement).")
+    return "\n".join(out)
 
 
 def write_readme(text: str, path: Path = ROOT / "README.md") -> bool:

@@ -167,9 +167,9 @@ _TOOLS: dict[str, tuple[str, list]] = {
 }
 
 # %% ../nbs/99_cli.ipynb #85fde74b
-_TOOLS["plan"] = ("a Phase-2 plan: step time, steps and memory per rank predicted from public trn2 measurements, "
-                  "then the shape a scaling fit of our CPU runs picks (extrapolated) and what binds; --out writes the "
-                  "preset", [("plan", {
+_TOOLS["plan"] = ("a Phase-2 plan: step time (a fit of public trn2 PyTorch runs, extrapolated), steps and memory "
+                  "per rank, then the shape a scaling fit of our CPU runs picks (extrapolated) and what binds; --out "
+                  "writes the preset", [("plan", {
     "--budget": dict(required=True, help="wall-clock budget, positive: 4h, 30m, 90s or seconds"),
     "--chips": dict(type=int, default=16, help="trn2 chips (trn2.48xlarge: 16)"),
     "--out": dict(default=None, metavar="FILE", help="write the preset JSON to FILE (default: print only)"),
@@ -605,14 +605,16 @@ def _info(a) -> int:
     return 0
 
 def _info_prediction(a) -> None:
-    "The preset's steps and val_bpb on one trn2 chip, predicted from public chip measurements (notebook 23)."
-    from neuronfrontier.calibration import predict_both, prediction_line
+    """The preset's steps on one trn2 chip, and its val_bpb only where a measurement backs it, each line naming its
+    source (notebook 23_calibration)."""
+    from neuronfrontier.calibration import predict_both, prediction_line, fit_residual_line
     try: torch_, ours = predict_both(a.config, a.recipe, a.sets)
     except ValueError as e:   # a batch the chip's 8 processes cannot split
         print(f"\non one trn2 chip: no prediction ({e})")
         return
     print(f"\non one trn2 chip (LNC 1 x 8, compiled), PyTorch's ops: {prediction_line(torch_)}")
     print(f"  with our kernels where their roofline is faster: {prediction_line(ours)}")
+    print(f"  {fit_residual_line()}")
 
 # %% ../nbs/99_cli.ipynb #11dc670e
 def _dashboard(a) -> int:

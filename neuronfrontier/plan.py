@@ -158,9 +158,9 @@ def largest_fitting_rows(m, rows: int, world: int, limit: float) -> int:
                default=0)
 
 # %% ../nbs/94_plan.ipynb #2e9a1502
-STEP_LABEL = ("predicted from public chip measurements (calibrated roofline: notebook 23's compiled fit a + b · "
-              "cost.step_estimate(kernels=False), fitted on one trn2 chip at 1,024-token rows; extrapolated to this "
-              "launch and row length, the links between chips not in it)")
+STEP_LABEL = (f"{calibration.fit_label()}: calibrated roofline, notebook 23's compiled fit a + b · "
+              "cost.step_estimate(kernels=False), made on one trn2 chip at 1,024-token rows; extrapolated to this "
+              "launch and row length, the links between chips not in it")
 
 @lru_cache(maxsize=1)
 def _compiled_fit() -> tuple[float, float]:
@@ -255,7 +255,7 @@ def plan(budget_s: float, chips: int = 16, fit=None, mfu: float = ASSUMED_MFU, l
     """The kit shape, global batch and tokens with the lowest predicted loss for `budget_s` seconds on `chips` trn2
     chips (chips·8/lnc ranks, FSDP2), from the scaling `fit` (see `load_fit`); what binds; the roofline step time;
     how far the fit is extrapolated; with `reference`, what Chinchilla's published fit chooses under the same limits.
-    `calibrated`: step times predicted from public trn2 measurements (`calibrated_step`), else the assumed `mfu`."""
+    `calibrated`: step times from the fit of public trn2 PyTorch runs (`calibrated_step`), else the assumed `mfu`."""
     if chips < 1: raise ValueError(f"--chips {chips}: must be at least 1")
     if not 0 < mfu <= 1: raise ValueError(f"--mfu {mfu}: an achieved MFU lies in (0, 1]")
     if lnc not in (1, 2): raise ValueError(f"--lnc {lnc}: NEURON_LOGICAL_NC_CONFIG is 1 or 2")
@@ -346,7 +346,7 @@ def _predicted_lines(p: dict) -> list[str]:
     "What the plan can back, for the chosen shape: step time, steps, tokens, global batch and memory per rank."
     m, c, mem = p["model"], p["chosen"], p["memory"]
     gib = lambda b: f"{b / GiB:.2f} GiB"
-    source = ("predicted from public trn2 measurements, not measured here" if p["calibrated"]
+    source = ("step times from a fit of public trn2 PyTorch runs, extrapolated; not measured here" if p["calibrated"]
               else f"at an assumed {p['mfu']:.0%} MFU (an assumption, not a measurement)")
     return [
         f"what the plan can back — {source} — for {m.n_layers} x {m.d_model}, the shape picked below:",

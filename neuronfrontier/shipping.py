@@ -308,13 +308,15 @@ after a run.
 
 # %% ../nbs/96_shipping.ipynb #54885146
 def prediction_note(config, recipe, sets, nproc: int, lnc: int) -> str:
-    "The README's predicted steps and val_bpb at this launch (notebook 23_calibration), or why there is none."
-    from neuronfrontier.calibration import predict_both, prediction_line, SOURCES
+    """The README's steps at this launch and, where a measurement backs it, the val_bpb, each naming its source
+    (notebook 23_calibration); or why there is none."""
+    from neuronfrontier.calibration import predict_both, prediction_line, fit_residual_line, SOURCES
     try: torch_, ours = predict_both(config, recipe, sets, nproc, lnc)
     except ValueError as e:
         return f"No prediction: {e}."
     return (f"- PyTorch's ops: {prediction_line(torch_)}\n"
-            f"- the shipped kernels where their roofline estimate is faster: {prediction_line(ours)}\n\n"
+            f"- the shipped kernels where their roofline estimate is faster: {prediction_line(ours)}\n"
+            f"- {fit_residual_line()}\n\n"
             f"Intervals: the fit's leave-one-out errors on the step time (seed noise, sd about 0.0006–0.0010 bpb, "
             f"comes on top). Sources: {SOURCES}. Nothing here ran on Trainium.")
 

@@ -130,9 +130,9 @@ def test_cli_plan_leads_with_the_prediction_and_writes_nothing_unasked(tmp_path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "pass --out FILE to write the preset"
     at = lambda prefix: next(i for i, l in enumerate(lines) if l.lstrip().startswith(prefix))
-    assert lines[1].startswith("what the plan can back — predicted from public trn2 measurements")
+    assert lines[1].startswith("what the plan can back — step times from a fit of public trn2 PyTorch runs")
     assert at("step time") < at("steps") < at("memory per rank") < at("shape:") < at("d_model") < at("caveat:")
-    assert "predicted from public chip measurements" in lines[at("step time")]
+    assert "fit of public PyTorch runs (4 step times" in lines[at("step time")]
 
 
 def test_cli_plan_bad_budget_is_one_line(tmp_path):
@@ -143,7 +143,7 @@ def test_cli_plan_bad_budget_is_one_line(tmp_path):
 def test_plan_step_time_is_the_calibrated_prediction_on_trn2():
     from neuronfrontier.calibration import family, fit
     from neuronfrontier.cost import step_estimate
-    p = plan(4 * 3600, 16, fit="chinchilla")                # the default: calibrated on public trn2 measurements
+    p = plan(4 * 3600, 16, fit="chinchilla")                # the default: the fit of public trn2 PyTorch runs
     c, m = p["chosen"], p["model"]
     a, b = fit(family("compiled"))
     roof = step_estimate(m, c["micro_rows"], m.seq_len, p["world"], kernels=False,
@@ -153,8 +153,9 @@ def test_plan_step_time_is_the_calibrated_prediction_on_trn2():
     assert p["steps"] == int(p["tokens"] // c["global_batch_tokens"])
     assert p["tokens"] == pytest.approx(p["train_s"] * c["global_batch_tokens"] / p["step_s"], rel=1e-9)
     text = format_plan(p)
-    assert "predicted from public chip measurements (calibrated roofline" in text and "trn2" in text
-    assert "predicted from public chip measurements" in preset(p)["provenance"]["predicted"]["label"]
+    assert "fit of public PyTorch runs (4 step times" in text and "calibrated roofline" in text and "trn2" in text
+    assert "fit of public PyTorch runs" in preset(p)["provenance"]["predicted"]["label"]
+    assert "predicted from public chip measurements" not in text
     q = plan(4 * 3600, 16, fit="chinchilla", calibrated=False)   # --mfu: the assumed MFU's step
     assert q["step_s"] == pytest.approx(max(q["step_s_mfu"], q["step_s_roofline"]))
     assert "assumed 30% MFU" in format_plan(q)
