@@ -307,15 +307,17 @@ after a run.
 """
 
 # %% ../nbs/96_shipping.ipynb #54885146
-def prediction_note(config, recipe, sets, nproc: int, lnc: int) -> str:
+def prediction_note(config, recipe, sets, nproc: int, lnc: int, shipped: bool = True) -> str:
     """The README's steps at this launch and, where a measurement backs it, the val_bpb, each naming its source
-    (notebook 23_calibration); or why there is none."""
+    (notebook 23_calibration); or why there is none. `shipped`: whether the export ships kernels."""
     from neuronfrontier.calibration import predict_both, prediction_line, fit_residual_line, SOURCES
     try: torch_, ours = predict_both(config, recipe, sets, nproc, lnc)
     except ValueError as e:
         return f"No prediction: {e}."
     return (f"- PyTorch's ops: {prediction_line(torch_)}\n"
-            f"- the shipped kernels where their roofline estimate is faster: {prediction_line(ours)}\n"
+            f"- {'the shipped' if shipped else 'our'} kernels where their roofline estimate is faster"
+            f"{'' if shipped else ' (not shipped: `neuronfrontier tune` times them on your chip)'}: "
+            f"{prediction_line(ours)}\n"
             f"- {fit_residual_line()}\n\n"
             f"Intervals: the fit's leave-one-out errors on the step time (seed noise, sd about 0.0006–0.0010 bpb, "
             f"comes on top). Sources: {SOURCES}. Nothing here ran on Trainium.")
@@ -345,7 +347,7 @@ def _write(out: Path, config, recipe, sets, nproc, lnc, data_dir, tokenizer_dir,
     else: shutil.rmtree(out / KERNEL_PACKAGE, ignore_errors=True)
     (out / "train.py").write_text(src)
     (out / "launch.txt").write_text(launch + "\n")
-    predicted = prediction_note(config, recipe, list(sets), nproc, lnc) if nnodes == 1 else ""
+    predicted = prediction_note(config, recipe, list(sets), nproc, lnc, bool(kmods)) if nnodes == 1 else ""
     readme = _readme(config, recipe, list(sets), mcfg, tcfg, launch, prov, data_dir, tokenizer_dir, kmods, fit_note,
                      predicted, mode, tuned)
     (out / "README.md").write_text(readme)

@@ -113,13 +113,15 @@ def _pct(a: float, b: float) -> str: return f"{a:.4f} vs {b:.4f} s, {a / b - 1:+
 
 def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
     """({op: {'backend', 'why'}}, the ops whose kernels run) from the timed `variants` at `k` micro-batches: the fastest
-    of PyTorch's ops, each kernel alone and the kernels together, a set of kernels only where it beats PyTorch's ops
-    by `TUNE_MARGIN`."""
+    of PyTorch's ops, each kernel alone and the kernels together, a set of kernels only where it beats the faster
+    PyTorch timing by `TUNE_MARGIN`, and none where the PyTorch timings drifted apart by more than that."""
     at_k = [v for v in variants if v["k"] == k]
-    base = next((v for v in at_k if not v["ops"] and v["status"] == "ok"), None)
-    if base is None: raise ValueError("the PyTorch variant was not timed: nothing to compare the kernels with")
+    bases = [v for v in at_k if not v["ops"] and v["status"] == "ok"]
+    if not bases: raise ValueError("the PyTorch variant was not timed: nothing to compare the kernels with")
+    base = min(bases, key=lambda v: v["median_s"])
+    drift = max(v["median_s"] for v in bases) / base["median_s"] - 1
     ok = [v for v in at_k if v["ops"] and v["status"] == "ok"]
-    fast = [v for v in ok if v["median_s"] <= (1 - TUNE_MARGIN) * base["median_s"]]
+    fast = [v for v in ok if v["median_s"] <= (1 - TUNE_MARGIN) * base["median_s"] and drift <= TUNE_MARGIN]
     best = min(fast, key=lambda v: v["median_s"], default=base)
     decision = {}
     for op in ops:
@@ -129,6 +131,7 @@ def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
         else:
             why = f"step with its kernel {_pct(alone['median_s'], base['median_s'])} against PyTorch's ops"
             if op in best["ops"] and best is not alone: why += f"; in the fastest variant, {best['name']}"
+            if drift > TUNE_MARGIN: why += f"; PyTorch's two timings drifted {drift:.1%} apart: kept PyTorch's op"
         decision[op] = dict(backend="nki" if op in best["ops"] else "torch", why=why)
     return decision, tuple(best["ops"])
 
@@ -179,6 +182,7 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
             raise RuntimeError(f"the PyTorch step did not run: {variants[-1]['why']}")
         ran = tuple(op for op in ctx["ops"] if run(f"{op} k={K}", (op,), K)["status"] == "ok")
         if len(ran) > 1: run(f"all passed k={K}", ran, K)
+        if ran: run(f"torch k={K}, again", (), K)   # the machine's drift: PyTorch's step timed after the kernels too
         decision, chosen = decide(variants, ctx["ops"], K)
         for k in [k for k in ctx["ks"] if k != K]: run(f"torch k={k}", (), k)
     first = variants[0]
@@ -201,7 +205,7 @@ def tune_table(rec: dict) -> str:
              f"{'variant':24s} {'compile s':>9s} {'median s':>9s} {'p10-p90 s':>15s}  status"]
     for v in rec["variants"]:
         spread = "-" if not v["spread_s"] else "%.4f-%.4f" % tuple(v["spread_s"])
-        lines.append(f"{v['name']:24s} {fmt(v['compile_s'], '9.1f')} {fmt(v['median_s'], '9.4f')} {spread:>15s}  "
+        lines.append(f"{v['name']:24s} {fmt(v['compile_s'], '.1f'):>9s} {fmt(v['median_s'], '.4f'):>9s} {spread:>15s}  "
                      f"{v['status']}{': ' + v['why'] if v['why'] else ''}")
     lines += [f"{op}: {d['backend']} ({d['why']})" for op, d in rec["decision"].items()]
     return "\n".join(lines + [f"kernels={rec['kernels']}"])

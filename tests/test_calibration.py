@@ -67,7 +67,7 @@ def test_info_prints_the_prediction(capsys):
     from neuronfrontier.cli import _info
     assert _info(SimpleNamespace(config="trn2-124m", recipe=None, sets=[])) == 0
     out = capsys.readouterr().out
-    line = next(ln for ln in out.splitlines() if "PyTorch's ops" in ln)
+    line = next(ln for ln in out.splitlines() if ln.startswith("on one trn2 chip"))
     assert "fit of public PyTorch runs" in line and "steps (" in line and "val_bpb 0.9" in line
 
 

@@ -1,10 +1,11 @@
 """`neuronfrontier tune` times an export's own step with and without each kernel; `export --tuned` bakes what the step
 chose; an export with no flags runs PyTorch's ops. On this CPU no NKI kernel runs, so the fault `kernel-slow:swiglu`
 stands in for one: as fast as PyTorch's op for the preflight's calls alone, slower in the step."""
-import json
+import contextlib, io, json
 
 import pytest
 from conftest import cli
+from neuronfrontier.cli import main
 from neuronfrontier.config import resolve
 from neuronfrontier.resilience import SLOWER_SLACK
 
@@ -34,7 +35,7 @@ def tuned(kern):
 def test_tune_times_every_variant_and_drops_a_kernel_that_slows_the_step(tuned):
     rec, out = tuned
     print(out)
-    assert [v["name"] for v in rec["variants"]] == ["torch k=1", *[f"{op} k=1" for op in KERNEL_OPS]]
+    assert [v["name"] for v in rec["variants"]] == ["torch k=1", *[f"{op} k=1" for op in KERNEL_OPS], "torch k=1, again"]
     assert rec["format"] == "neuronfrontier-tune/1" and rec["device"] == "cpu" and rec["device_name"].startswith("CPU ")
     assert rec["launch"] == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=1 train.py"
     assert rec["shape"] == {"n_layers": N_LAYERS, "d_model": D_MODEL, "seq_len": 512, "rows": 2, "grad_accum": 1}
@@ -104,10 +105,15 @@ def test_tune_and_tuned_bad_input_is_one_line(kern, tuned, tmp_path):
               "the tune file timed nproc 8; this export has nproc 1"),
              (("export", "--config", "cpu-micro", "--nproc", "1", "--kernels", "--tuned", kern / "tune.json", "--out",
                tmp_path / "o"), "--tuned chooses the kernels")]
+    cases.append((("calibrate", tmp_path / "nope.json"), "nope.json"))
     for args, msg in cases:
-        r = cli(*args)
-        assert r.returncode == 2 and msg in r.stderr and r.stderr.count("\n") == 1, (args, r.stderr)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): code = main([str(a) for a in args])
+        assert code == 2 and msg in err.getvalue() and err.getvalue().count("\n") == 1, (args, err.getvalue())
     assert not (tmp_path / "o").exists()
+    # calibrate takes a tune file, and a CPU's step times never join the trn2 fit: said, exit 1
+    r = cli("calibrate", kern / "tune.json")
+    assert r.returncode == 1 and "refused: tune.json: measured on cpu, not a trn2 chip" in r.stdout, r.stdout + r.stderr
 
 
 @pytest.mark.slow   # each variant compiles with inductor (about 40 s a variant on a 2-core CPU)
