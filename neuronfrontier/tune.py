@@ -187,8 +187,9 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
         for k in [k for k in ctx["ks"] if k != K]: run(f"torch k={k}", (), k)
     first = variants[0]
     rec = dict(format=TUNE_FORMAT, submission=str(Path(sub).resolve()), config=ctx["config"], recipe=ctx["recipe"],
-               sets=ctx["sets"], device=first.get("device"), device_name=_device_name(first), versions=versions(),
-               launch=ctx["launch"], nproc=ctx["nproc"], lnc=ctx["lnc"], compiled=compiled, shape=ctx["shape"],
+               sets=ctx["sets"], device=(first.get("device") or "?").split(":")[0], device_name=_device_name(first),
+               versions=versions(), launch=ctx["launch"], nproc=ctx["nproc"], lnc=ctx["lnc"], compiled=compiled,
+               shape=ctx["shape"],
                steps=steps, warmup=warmup, margin=TUNE_MARGIN, variants=variants, decision=decision,
                kernels=backend_spec({op: "nki" if op in chosen else "torch" for op in OPS}),
                written=time.strftime("%Y-%m-%d %H:%M:%S"))
