@@ -158,6 +158,13 @@ def _torchneuron(data):
         ops._IMPLS["rms_norm"].pop("nki", None)
 
 
+def _tune(data):
+    from neuronfrontier.tune import decide, step_times, summary
+    v = lambda name, ops_, s: dict(name=name, ops=ops_, k=1, median_s=s, status="ok", why="")
+    assert decide([v("torch k=1", [], 1.0), v("swiglu k=1", ["swiglu"], 0.9)], ["swiglu"], 1)[1] == ("swiglu",)
+    assert summary([]) == (None, None) and callable(step_times)
+
+
 def _rehearsal(data):
     from neuronfrontier.rehearsal import hbm_per_rank, trn2_backends
     assert hbm_per_rank(2) == 2 * hbm_per_rank(1) and trn2_backends(ops.parse_backend, "auto").startswith("rms_norm=nki")
@@ -239,6 +246,7 @@ CALLS = {
     "neuronfrontier.shipping": lambda data: importlib.import_module("neuronfrontier.shipping").launch_line(4, 2).startswith(
         "NEURON_LOGICAL_NC_CONFIG=2 "),
     "neuronfrontier.contract": _contract,
+    "neuronfrontier.tune": _tune,
     "neuronfrontier.sweep": lambda data: importlib.import_module("neuronfrontier.sweep").grid_settings(
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
