@@ -130,6 +130,7 @@ _SUBMISSION["tune"] = ("time an export's training step (its launch line, every r
     "--data": dict(default=None, help="train.py's --data (default: the kit's loader or the baked path)"),
     "--tokenizer": dict(default=None, help="train.py's --tokenizer (default: the baked path)"),
     "--eager": dict(action="store_true", help="time the eager step (default: compiled, as the competition run)"),
+    "--ops": dict(default=None, metavar="OP,OP", help="time only these shipped kernels (default: every one)"),
     "--out": dict(default=None, help="where tune.json goes (default DIR/tune.json)")})])
 _SUBMISSION["check"] = ("check a submission against the competition's contract (exit 0 only if every row that "
                         "applies passes)", [("check", {
@@ -555,7 +556,8 @@ def _rehearse(a) -> int:
 def _tune(a) -> int:
     from neuronfrontier.tune import tune, tune_table
     out = Path(a.out) if a.out else Path(a.dir) / "tune.json"
-    try: rec = tune(a.dir, a.device, a.steps, a.warmup, a.nproc, a.data, a.tokenizer, not a.eager, out)
+    ops = [op.strip() for op in a.ops.split(",") if op.strip()] if a.ops else None
+    try: rec = tune(a.dir, a.device, a.steps, a.warmup, a.nproc, a.data, a.tokenizer, not a.eager, out, ops=ops)
     except RuntimeError as e: raise UserError(str(e)) from None
     print(tune_table(rec))
     print(f"wrote {out}; bake it with `neuronfrontier export --tuned {out}` (the same --config, --recipe, --set)")

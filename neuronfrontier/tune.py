@@ -163,10 +163,16 @@ def _variant_line(v: dict) -> str:
     return f"  {v['name']:24s} {v['status']:6s} {median}{comp}" + (f"  ({v['why']})" if v["why"] else "")
 
 def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None = None, data=None, tokenizer=None,
-         compiled: bool = True, out=None, log=print, timeout_s: float = 3600) -> dict:
-    "Time the variants of the submission `sub`'s step (see above), decide per op, write tune.json; returns its record."
+         compiled: bool = True, out=None, log=print, timeout_s: float = 3600, ops=None) -> dict:
+    """Time the variants of the submission `sub`'s step (see above), decide per op, write tune.json; returns its record.
+    `ops`: time only these of the shipped kernels (the others keep PyTorch's op)."""
     if steps < 1 or warmup < 0: raise ValueError(f"--steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
     ctx, variants = tune_context(sub, nproc), []
+    if ops is not None:
+        if bad := [op for op in ops if op not in ctx["ops"]]:
+            shipped = ", ".join(ctx["ops"]) or "none"
+            raise ValueError(f"--ops {','.join(bad)}: not a kernel this export ships ({shipped})")
+        ctx["ops"] = [op for op in ctx["ops"] if op in ops]
     K = ctx["k"]
     ranks = f"{ctx['nproc']} rank{'s' * (ctx['nproc'] > 1)}"
     log(f"tune {ctx['config']}: {ctx['launch']} ({ranks}), {ctx['rows']} rows × {ctx['seq_len']} tokens a micro-batch, "

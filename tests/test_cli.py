@@ -204,6 +204,7 @@ def test_a_negative_value_is_read_as_the_value(args, expect, capsys):
     assert err.count("\n") == 1 and expect in err and "expected one argument" not in err, err
 
 
+@pytest.mark.slow   # 38 s on the CI's 2-core AVX2 machine (pytest --durations, 2026-12-07)
 def test_ctrl_c_saves_checkpoint_and_reports_interrupted(pydocs, tmp_path):
     import signal, subprocess, sys, time
     from pathlib import Path
