@@ -313,7 +313,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                    'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract._judge_run': ('contract.html#_judge_run', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract._kit_site': ('contract.html#_kit_site', 'neuronfrontier/contract.py'),
-                                         'neuronfrontier.contract._last_error': ('contract.html#_last_error', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract._parses': ('contract.html#_parses', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract._probe': ('contract.html#_probe', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract._probe_load': ('contract.html#_probe_load', 'neuronfrontier/contract.py'),
@@ -337,6 +336,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                          'neuronfrontier.contract.is_export': ('contract.html#is_export', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract.kit_paths': ('contract.html#kit_paths', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract.kit_run': ('contract.html#kit_run', 'neuronfrontier/contract.py'),
+                                         'neuronfrontier.contract.last_error': ('contract.html#last_error', 'neuronfrontier/contract.py'),
                                          'neuronfrontier.contract.launch_shape': ( 'contract.html#launch_shape',
                                                                                    'neuronfrontier/contract.py')},
             'neuronfrontier.core': { 'neuronfrontier.core.CoreError': ('core.html#coreerror', 'neuronfrontier/core.py'),
@@ -1783,6 +1783,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'neuronfrontier.train.warm_up': ('train.html#warm_up', 'neuronfrontier/train.py')},
             'neuronfrontier.tune': { 'neuronfrontier.tune._device_name': ('tune.html#_device_name', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune._kernel_missing': ('tune.html#_kernel_missing', 'neuronfrontier/tune.py'),
+                                     'neuronfrontier.tune._launch': ('tune.html#_launch', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune._pct': ('tune.html#_pct', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune._variant_line': ('tune.html#_variant_line', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune.check_tuned': ('tune.html#check_tuned', 'neuronfrontier/tune.py'),
@@ -1796,4 +1797,5 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'neuronfrontier.tune.tune_table': ('tune.html#tune_table', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune.variant_command': ('tune.html#variant_command', 'neuronfrontier/tune.py'),
                                      'neuronfrontier.tune.variant_sets': ('tune.html#variant_sets', 'neuronfrontier/tune.py'),
-                                     'neuronfrontier.tune.versions': ('tune.html#versions', 'neuronfrontier/tune.py')}}}
+                                     'neuronfrontier.tune.versions': ('tune.html#versions', 'neuronfrontier/tune.py'),
+                                     'neuronfrontier.tune.winners': ('tune.html#winners', 'neuronfrontier/tune.py')}}}

@@ -501,6 +501,8 @@ def _export(a) -> int:
         check_tuned(tuned, a.config, a.recipe, sets, a.nproc * a.nnodes, a.lnc)
         if tuned["device"] != "neuron":
             print(f"note: {a.tuned} was measured on {tuned['device_name']}, not trn2: its decision is that device's")
+        if not tuned["compiled"]:
+            print(f"note: {a.tuned} timed the eager step; the competition run compiles (tune without --eager)")
     out = export(a.config, a.out, a.recipe, sets, a.nproc, a.lnc, data, tok, fit=a.fit, log=print, nnodes=a.nnodes,
                  rdzv_endpoint=a.rdzv_endpoint, kernels=a.kernels, tuned=tuned)
     kern = ", ".join(sorted(p.stem for p in (out / "nf_kernels" / "kernels").glob("*.py") if p.stem != "__init__"))

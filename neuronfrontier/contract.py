@@ -13,7 +13,7 @@ from .bundler import scan_imports, PORTAL_FILE_BYTES
 # %% auto #0
 __all__ = ['CHECK_TOL', 'NA', 'EXPORT_MARK', 'KIT_RUN_BUDGET_S', 'KIT_RUN_EVAL_TOKENS', 'KIT_RUN_TIMEOUT_S',
            'KIT_RUN_MAX_STEP_FLOPS', 'MAX_FILE_BYTES', 'CHECKS', 'check_launch', 'baked', 'launch_shape', 'is_export',
-           'kit_run', 'kit_paths', 'check', 'check_passed', 'check_table']
+           'last_error', 'kit_run', 'kit_paths', 'check', 'check_passed', 'check_table']
 
 # %% ../nbs/97_contract.ipynb #468ddcd3
 def check_launch(text: str) -> tuple[bool, str]:
@@ -301,7 +301,7 @@ def _judge_run(log: Path, ck: Path, t0: float, ranks: int, shape: str, stdout: s
                     f"free up to {K.TRAIN_STARTUP_ALLOWANCE_CAP_SECONDS:g} s){said}")
 
 # %% ../nbs/97_contract.ipynb #36351697
-def _last_error(stderr: str) -> str:
+def last_error(stderr: str) -> str:
     "The line of a failed run's stderr that says what went wrong (the last exception line, else the last line)."
     lines = [re.sub(r"^\[rank\d+\]:\s*", "", l.strip()) for l in stderr.splitlines() if l.strip()]
     # a rank's own exception, not torchrun's ChildFailedError that reports it
@@ -338,7 +338,7 @@ def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | Non
         return False, (f"{shape}: still running after {KIT_RUN_TIMEOUT_S} s with a {KIT_RUN_BUDGET_S:g} s budget: "
                        f"stop at {KIT_MODULE}.TRAIN_TIME_BUDGET_SECONDS"), None
     ck = work / "sub" / "out" / "final.pt"
-    if r.returncode: return False, f"{shape}: exit {r.returncode}: {_last_error(r.stderr)}", None
+    if r.returncode: return False, f"{shape}: exit {r.returncode}: {last_error(r.stderr)}", None
     if not ck.is_file(): return False, f"{shape}: exit 0 without out/final.pt, the file the organisers score", None
     return (*_judge_run(work / "steps.log", ck, t0, ranks, shape, r.stdout), ck)
 

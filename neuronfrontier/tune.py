@@ -4,7 +4,7 @@
 
 # %% ../nbs/98_tune.ipynb #23f12c5a
 from __future__ import annotations
-import json, os, platform, subprocess, sys, tempfile, time
+import json, os, platform, shutil, signal, subprocess, sys, tempfile, time
 from importlib import metadata
 from pathlib import Path
 import numpy as np
@@ -13,11 +13,11 @@ from .ops import OPS, backend_spec
 from .phases import batch_phase
 from .clock import STARTUP_STEPS_EXCLUDED
 from .shipping import KERNEL_PACKAGE, kernel_ops
-from .contract import check_launch, launch_shape, baked
+from .contract import check_launch, launch_shape, baked, last_error
 
 # %% auto #0
 __all__ = ['TUNE_MARGIN', 'TUNE_FORMAT', 'tune_context', 'variant_sets', 'variant_command', 'step_times', 'summary',
-           'run_variant', 'decide', 'versions', 'tune', 'tune_table', 'load_tune', 'check_tuned']
+           'run_variant', 'winners', 'decide', 'versions', 'tune', 'tune_table', 'load_tune', 'check_tuned']
 
 # %% ../nbs/98_tune.ipynb #db1ec3f3
 def tune_context(sub, nproc: int | None = None) -> dict:
@@ -35,11 +35,15 @@ def tune_context(sub, nproc: int | None = None) -> dict:
     config, recipe, sets = baked(src, "CONFIG"), baked(src, "RECIPE"), tuple(baked(src, "SETS", ()))
     if config is None: raise ValueError(f"{sub}/train.py: not an export (no baked CONFIG); tune an export")
     world = nproc or ranks
+    kit = sub / "prepare.py"   # the organisers' prepare.py, where tune runs in the kit's directory: its excluded steps
+    excluded = baked(kit.read_text(), "TRAIN_STARTUP_STEPS_EXCLUDED", STARTUP_STEPS_EXCLUDED) if kit.is_file() else \
+        STARTUP_STEPS_EXCLUDED
     mcfg, tcfg = resolve(config, recipe, sets)
     tcfg = rank_batch(tcfg, mcfg.seq_len, world)
     K = tcfg.grad_accum
     ks = sorted({batch_phase(tcfg, f)[0] for f in np.linspace(0, 1, 201)} | {K}, key=lambda k: (k == K, k))
     return dict(sub=sub, launch=line, nproc=world, lnc=lnc, config=config, recipe=recipe, sets=list(sets),
+                excluded=excluded,
                 rows=tcfg.batch_size, k=K, ks=ks, seq_len=mcfg.seq_len, eval_seq_len=tcfg.eval_seq_len,
                 ops=kernel_ops(sub / KERNEL_PACKAGE), shape=dict(n_layers=mcfg.n_layers, d_model=mcfg.d_model,
                                                                 seq_len=mcfg.seq_len, rows=tcfg.batch_size,
@@ -65,7 +69,7 @@ def variant_command(ctx: dict, sets, steps: int, out, device=None, data=None, to
 def step_times(metrics_path, warmup: int) -> list[float]:
     "Seconds of each charged step in a run's `metrics.jsonl` (every step logged), the first `warmup` dropped."
     recs = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
-    clock = [r["time_s"] for r in sorted(recs, key=lambda r: r["step"])]
+    clock = [r["time_s"] for r in recs]   # in the order written: a rolled-back step logs its number again
     return [round(b - a, 6) for a, b in zip([0.0, *clock], clock) if b > 0][warmup:]
 
 def summary(times: list[float]) -> tuple[float | None, list | None]:
@@ -82,24 +86,40 @@ def _kernel_missing(res: dict, kernels: tuple) -> str:
         return f"{op}'s kernel did not run in the step ({why or 'no nki implementation on this device'})"
     return ""
 
+def _launch(cmd, cwd, env, timeout_s: float):
+    """Run a launch line to its end: (exit code, stderr), or (None, why) past `timeout_s`. A timeout or Ctrl-C stops
+    torchrun with SIGTERM, which it passes to its ranks (a killed torchrun would leave them holding the cores)."""
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        err = p.communicate(timeout=timeout_s)[1]
+        return p.returncode, err
+    except (subprocess.TimeoutExpired, KeyboardInterrupt) as e:
+        p.send_signal(signal.SIGTERM)
+        try: p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+        if isinstance(e, KeyboardInterrupt): raise
+        return None, f"still running after {timeout_s:.0f} s: stopped"
+
 def run_variant(ctx: dict, name: str, kernels: tuple, k: int, work, steps: int = 20, warmup: int = 3,
                 compiled: bool = True, device=None, data=None, tokenizer=None, timeout_s: float = 3600) -> dict:
     "Launch one variant of the step in `work/<name>` and time it: the tune.json record of the variant."
     out = Path(work) / name.replace(" ", "_").replace("=", "")
-    total = STARTUP_STEPS_EXCLUDED + warmup + steps
+    total = ctx.get("excluded", STARTUP_STEPS_EXCLUDED) + warmup + steps
     cmd = variant_command(ctx, variant_sets(ctx, kernels, k, compiled), total, out.resolve(), device, data, tokenizer)
     spec = backend_spec({op: "nki" if op in kernels else "torch" for op in OPS})
     rec = dict(name=name, kernels=spec, ops=list(kernels), k=k, status="failed", why="", compile_s=None, step_s=[],
                median_s=None, spread_s=None, preflight={})
     env = dict(os.environ, NEURON_LOGICAL_NC_CONFIG=str(ctx["lnc"]), PYTHONUNBUFFERED="1")
-    try: r = subprocess.run(cmd, cwd=ctx["sub"], env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return rec | dict(why=f"still running after {timeout_s:.0f} s")
-    if r.returncode or not (out / "result.json").exists():
-        said = [line for line in r.stderr.splitlines() if line.startswith("error:")] or ["no result.json"]
-        return rec | dict(why=f"exit {r.returncode}: {said[-1][:160]}")
-    res = json.loads((out / "result.json").read_text())
+    code, err = _launch(cmd, ctx["sub"], env, timeout_s)
+    if code is None: return rec | dict(why=err)
+    res = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else None
+    if res is None or code or res.get("status") != "completed":
+        said = f"{res['status']}: {res.get('diverged_because')}" if res else last_error(err)
+        return rec | dict(why=f"exit {code}: {said}")
     times = step_times(out / "metrics.jsonl", warmup)
+    shutil.rmtree(out, ignore_errors=True)   # its checkpoints (the optimizer state too) are not needed
     rec |= dict(compile_s=res.get("compile_s"), step_s=times, preflight=res.get("kernels") or {},
                 device=res.get("device"), hw=res.get("hw"), cpu=(res.get("precision") or {}).get("probe"))
     rec["median_s"], rec["spread_s"] = summary(times)
@@ -111,6 +131,12 @@ TUNE_MARGIN = 0.02   # a kernel must take the step's median at least this far be
 
 def _pct(a: float, b: float) -> str: return f"{a:.4f} vs {b:.4f} s, {a / b - 1:+.1%}"
 
+def winners(variants: list[dict], k: int) -> tuple:
+    "The ops whose kernel alone took the step at `k` at least `TUNE_MARGIN` below PyTorch's fastest timing."
+    bases = [v["median_s"] for v in variants if v["k"] == k and not v["ops"] and v["status"] == "ok"]
+    return tuple(v["ops"][0] for v in variants if v["k"] == k and len(v["ops"]) == 1 and v["status"] == "ok"
+                 and bases and v["median_s"] <= (1 - TUNE_MARGIN) * min(bases))
+
 def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
     """({op: {'backend', 'why'}}, the ops whose kernels run) from the timed `variants` at `k` micro-batches: the fastest
     of PyTorch's ops, each kernel alone and the kernels together, a set of kernels only where it beats the faster
@@ -120,18 +146,21 @@ def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
     if not bases: raise ValueError("the PyTorch variant was not timed: nothing to compare the kernels with")
     base = min(bases, key=lambda v: v["median_s"])
     drift = max(v["median_s"] for v in bases) / base["median_s"] - 1
+    if any(not v["ops"] and v["status"] != "ok" for v in at_k): drift = float("inf")   # a PyTorch timing is missing
     ok = [v for v in at_k if v["ops"] and v["status"] == "ok"]
     fast = [v for v in ok if v["median_s"] <= (1 - TUNE_MARGIN) * base["median_s"] and drift <= TUNE_MARGIN]
+    alone = {v["ops"][0] for v in fast if len(v["ops"]) == 1}
+    fast = [v for v in fast if set(v["ops"]) <= alone]   # a set of kernels only of those that won alone
     best = min(fast, key=lambda v: v["median_s"], default=base)
     decision = {}
     for op in ops:
-        alone = next((v for v in at_k if v["ops"] == [op]), None)
-        if alone is None or alone["status"] != "ok":
-            why = alone["why"] if alone else "not timed"
+        single = next((v for v in at_k if v["ops"] == [op]), None)
+        if single is None or single["status"] != "ok":
+            why = single["why"] if single else "not timed"
         else:
-            why = f"step with its kernel {_pct(alone['median_s'], base['median_s'])} against PyTorch's ops"
-            if op in best["ops"] and best is not alone: why += f"; in the fastest variant, {best['name']}"
-            if drift > TUNE_MARGIN: why += f"; PyTorch's two timings drifted {drift:.1%} apart: kept PyTorch's op"
+            why = f"step with its kernel {_pct(single['median_s'], base['median_s'])} against PyTorch's ops"
+            if op in best["ops"] and best is not single: why += f"; in the fastest variant, {best['name']}"
+            if drift > TUNE_MARGIN: why += f"; PyTorch's timings drifted {drift:.1%} apart: kept PyTorch's op"
         decision[op] = dict(backend="nki" if op in best["ops"] else "torch", why=why)
     return decision, tuple(best["ops"])
 
@@ -168,6 +197,10 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
     `ops`: time only these of the shipped kernels (the others keep PyTorch's op)."""
     if steps < 1 or warmup < 0: raise ValueError(f"--steps {steps} / --warmup {warmup}: need steps >= 1, warmup >= 0")
     ctx, variants = tune_context(sub, nproc), []
+    path = Path(out) if out else Path(sub) / "tune.json"
+    try: path.parent.mkdir(parents=True, exist_ok=True)   # before hours of timing, not after
+    except OSError as e: raise ValueError(f"--out {path}: {e.strerror}; give a path this user can write") from None
+    if not os.access(path.parent, os.W_OK): raise ValueError(f"--out {path}: not writable; give another path")
     if ops is not None:
         if bad := [op for op in ops if op not in ctx["ops"]]:
             shipped = ", ".join(ctx["ops"]) or "none"
@@ -187,7 +220,8 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
         if run(f"torch k={K}", (), K)["status"] != "ok":
             raise RuntimeError(f"the PyTorch step did not run: {variants[-1]['why']}")
         ran = tuple(op for op in ctx["ops"] if run(f"{op} k={K}", (op,), K)["status"] == "ok")
-        if len(ran) > 1: run(f"all passed k={K}", ran, K)
+        won = winners(variants, K)
+        if len(won) > 1: run(f"together k={K}", won, K)
         if ran: run(f"torch k={K}, again", (), K)   # the machine's drift: PyTorch's step timed after the kernels too
         decision, chosen = decide(variants, ctx["ops"], K)
         for k in [k for k in ctx["ks"] if k != K]: run(f"torch k={k}", (), k)
@@ -199,7 +233,6 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
                steps=steps, warmup=warmup, margin=TUNE_MARGIN, variants=variants, decision=decision,
                kernels=backend_spec({op: "nki" if op in chosen else "torch" for op in OPS}),
                written=time.strftime("%Y-%m-%d %H:%M:%S"))
-    path = Path(out) if out else Path(sub) / "tune.json"
     path.write_text(json.dumps(rec, indent=1))
     return rec
 
@@ -232,14 +265,13 @@ def load_tune(path) -> dict:
 
 def check_tuned(rec: dict, config: str, recipe, sets, nproc: int, lnc: int) -> None:
     "A ValueError in one line where `rec` timed another model, rows a rank or launch than this export's."
-    m, t = resolve(config, recipe, sets)
-    t = rank_batch(t, m.seq_len, nproc)
-    mine = dict(config=config, n_layers=m.n_layers, d_model=m.d_model, seq_len=m.seq_len,
-                rows=t.batch_size * t.grad_accum, nproc=nproc, lnc=lnc)
-    s = rec["shape"]
-    theirs = dict(config=rec["config"], n_layers=s["n_layers"], d_model=s["d_model"], seq_len=s["seq_len"],
-                  rows=s["rows"] * s["grad_accum"], nproc=rec["nproc"], lnc=rec["lnc"])
-    if diff := [k for k in mine if mine[k] != theirs[k]]:
+    def seen(config, recipe, sets, nproc, lnc):
+        m, t = resolve(config, recipe, sets)
+        t = rank_batch(t, m.seq_len, nproc)
+        return dict(config=config, **m.flat(), rows=t.batch_size * t.grad_accum, nproc=nproc, lnc=lnc)
+    mine = seen(config, recipe, sets, nproc, lnc)
+    theirs = seen(rec["config"], rec["recipe"], rec["sets"], rec["nproc"], rec["lnc"])   # the tuned export's own
+    if diff := [k for k in mine if mine[k] != theirs[k]][:4]:
         got = ", ".join(f"{k} {theirs[k]}" for k in diff)
         want = ", ".join(f"{k} {mine[k]}" for k in diff)
         raise ValueError(f"the tune file timed {got}; this export has {want}: tune this export (`neuronfrontier tune`)")
