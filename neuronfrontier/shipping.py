@@ -12,7 +12,7 @@ from .bundler import PKG, ExportError, bundle, bundle_names, provenance
 
 # %% auto #0
 __all__ = ['KERNEL_PACKAGE', 'ops_used', 'kernel_modules', 'ship_kernels', 'kernel_ops', 'launch_line', 'kernel_choice',
-           'tuned_section', 'prediction_note', 'export']
+           'variant_cells', 'tuned_section', 'prediction_note', 'export']
 
 # %% ../nbs/96_shipping.ipynb #6dd94a7e
 KERNEL_PACKAGE = "nf_kernels"   # the directory a submission ships its NKI kernels in, beside train.py
@@ -231,6 +231,14 @@ def _ops_line(mode: str, kmods, spec: str, tuned: dict | None) -> str:
     return f"PyTorch's ops, no NKI kernel files shipped ({why})"
 
 # %% ../nbs/96_shipping.ipynb #5b78aaf5
+def variant_cells(v: dict, dash: str = "–") -> tuple[str, str, str, str]:
+    "A tune.json variant's compile seconds, median step, p10–p90 spread and status as text (`dash` where none)."
+    fmt = lambda x, f: dash if x is None else format(x, f)
+    spread = dash if not v["spread_s"] else f"{v['spread_s'][0]:.4f}{dash}{v['spread_s'][1]:.4f}"
+    status = f"{v['status']}: {v['why']}" if v["why"] else v["status"]
+    return fmt(v["compile_s"], ".1f"), fmt(v["median_s"], ".4f"), spread, status
+
+# %% ../nbs/96_shipping.ipynb #76e4cee4
 def tuned_section(tuned: dict) -> str:
     "The README's table of a tune file's step times, one row a variant, and its decision per op."
     v = tuned["versions"]
@@ -238,10 +246,7 @@ def tuned_section(tuned: dict) -> str:
             f"{v.get('torch_neuronx') or '-'}, neuronx-cc {v.get('neuronx_cc') or '-'}), `{tuned['launch']}`, "
             f"{'compiled' if tuned['compiled'] else 'eager'}; medians of the timed steps after warm-up.\n\n"
             "| variant | compile s | median step s | p10–p90 s | status |\n|---|---|---|---|---|")
-    fmt = lambda x, f: "–" if x is None else format(x, f)
-    rows = [f"| {r['name']} | {fmt(r['compile_s'], '.1f')} | {fmt(r['median_s'], '.4f')} | "
-            f"{'–' if not r['spread_s'] else '%.4f–%.4f' % tuple(r['spread_s'])} | {r['status']}"
-            f"{': ' + r['why'] if r['why'] else ''} |" for r in tuned["variants"]]
+    rows = [f"| {r['name']} | {' | '.join(variant_cells(r))} |" for r in tuned["variants"]]
     ops_ = [f"- `{op}`: {d['backend']} ({d['why']})" for op, d in tuned["decision"].items()]
     return "\n".join([head, *rows, "", *ops_])
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 from .config import first_line, resolve, rank_batch
 from .ops import OPS, backend_spec
+from .calibration import TUNE_FORMAT
 from .phases import batch_phase
 from .clock import STARTUP_STEPS_EXCLUDED
-from .shipping import KERNEL_PACKAGE, kernel_ops
+from .shipping import KERNEL_PACKAGE, kernel_ops, variant_cells
 from .contract import check_launch, launch_shape, baked, last_error
 
 # %% auto #0
-__all__ = ['TUNE_MARGIN', 'TUNE_FORMAT', 'tune_context', 'variant_sets', 'variant_command', 'step_times', 'summary',
+__all__ = ['TUNE_MARGIN', 'tune_context', 'kernels_spec', 'variant_sets', 'variant_command', 'step_times', 'summary',
            'run_variant', 'winners', 'decide', 'versions', 'tune', 'tune_table', 'load_tune', 'check_tuned']
 
 # %% ../nbs/98_tune.ipynb #db1ec3f3
@@ -50,11 +51,14 @@ def tune_context(sub, nproc: int | None = None) -> dict:
                                                                 grad_accum=K))
 
 # %% ../nbs/98_tune.ipynb #31982118
+def kernels_spec(kernels) -> str:
+    "The `kernels=` setting that runs the ops in `kernels` on nki and every other op on PyTorch (none left to auto)."
+    return backend_spec({op: "nki" if op in kernels else "torch" for op in OPS})
+
 def variant_sets(ctx: dict, kernels: tuple, k: int, compiled: bool) -> list[str]:
     "The `--set` overrides of the variant that runs `kernels` (ops) on nki, every other op on PyTorch, at `k`."
-    spec = backend_spec({op: "nki" if op in kernels else "torch" for op in OPS})
-    return [f"kernels={spec}", "preflight_speed=false", f"compile={str(compiled).lower()}", "global_batch_tokens=0",
-            f"batch_size={ctx['rows']}", f"grad_accum={k}", "batch_warmup=",
+    return [f"kernels={kernels_spec(kernels)}", "preflight_speed=false", f"compile={str(compiled).lower()}",
+            "global_batch_tokens=0", f"batch_size={ctx['rows']}", f"grad_accum={k}", "batch_warmup=",
             f"eval_tokens={ctx['eval_seq_len'] * ctx['nproc']}"]
 
 def variant_command(ctx: dict, sets, steps: int, out, device=None, data=None, tokenizer=None) -> list[str]:
@@ -108,9 +112,8 @@ def run_variant(ctx: dict, name: str, kernels: tuple, k: int, work, steps: int =
     out = Path(work) / name.replace(" ", "_").replace("=", "")
     total = ctx.get("excluded", STARTUP_STEPS_EXCLUDED) + warmup + steps
     cmd = variant_command(ctx, variant_sets(ctx, kernels, k, compiled), total, out.resolve(), device, data, tokenizer)
-    spec = backend_spec({op: "nki" if op in kernels else "torch" for op in OPS})
-    rec = dict(name=name, kernels=spec, ops=list(kernels), k=k, status="failed", why="", compile_s=None, step_s=[],
-               median_s=None, spread_s=None, preflight={})
+    rec = dict(name=name, kernels=kernels_spec(kernels), ops=list(kernels), k=k, status="failed", why="",
+               compile_s=None, step_s=[], median_s=None, spread_s=None, preflight={})
     env = dict(os.environ, NEURON_LOGICAL_NC_CONFIG=str(ctx["lnc"]), PYTHONUNBUFFERED="1")
     code, err = _launch(cmd, ctx["sub"], env, timeout_s)
     if code is None: return rec | dict(why=err)
@@ -147,10 +150,9 @@ def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
     base = min(bases, key=lambda v: v["median_s"])
     drift = max(v["median_s"] for v in bases) / base["median_s"] - 1
     if any(not v["ops"] and v["status"] != "ok" for v in at_k): drift = float("inf")   # a PyTorch timing is missing
-    ok = [v for v in at_k if v["ops"] and v["status"] == "ok"]
-    fast = [v for v in ok if v["median_s"] <= (1 - TUNE_MARGIN) * base["median_s"] and drift <= TUNE_MARGIN]
-    alone = {v["ops"][0] for v in fast if len(v["ops"]) == 1}
-    fast = [v for v in fast if set(v["ops"]) <= alone]   # a set of kernels only of those that won alone
+    alone = set(winners(variants, k)) if drift <= TUNE_MARGIN else set()
+    fast = [v for v in at_k if v["ops"] and v["status"] == "ok" and set(v["ops"]) <= alone   # only kernels that won
+            and v["median_s"] <= (1 - TUNE_MARGIN) * base["median_s"]]                      # alone, and a set wins too
     best = min(fast, key=lambda v: v["median_s"], default=base)
     decision = {}
     for op in ops:
@@ -165,8 +167,6 @@ def decide(variants: list[dict], ops, k: int) -> tuple[dict, tuple]:
     return decision, tuple(best["ops"])
 
 # %% ../nbs/98_tune.ipynb #79e1309d
-TUNE_FORMAT = "neuronfrontier-tune/1"
-
 def versions() -> dict:
     "The installed versions of what decides a step's speed (None where not installed)."
     dists = dict(torch="torch", torch_neuronx="torch-neuronx", neuronx_cc="neuronx-cc", nki="nki",
@@ -231,7 +231,7 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
                versions=versions(), launch=ctx["launch"], nproc=ctx["nproc"], lnc=ctx["lnc"], compiled=compiled,
                shape=ctx["shape"],
                steps=steps, warmup=warmup, margin=TUNE_MARGIN, variants=variants, decision=decision,
-               kernels=backend_spec({op: "nki" if op in chosen else "torch" for op in OPS}),
+               kernels=kernels_spec(chosen),
                written=time.strftime("%Y-%m-%d %H:%M:%S"))
     path.write_text(json.dumps(rec, indent=1))
     return rec
@@ -239,14 +239,12 @@ def tune(sub, device=None, steps: int = 20, warmup: int = 3, nproc: int | None =
 # %% ../nbs/98_tune.ipynb #6d61f721
 def tune_table(rec: dict) -> str:
     "tune.json as the console's table: each variant's compile and step seconds, then the decision per op."
-    fmt = lambda x, f: "-" if x is None else format(x, f)
     lines = [f"{rec['device_name']}, {rec['launch']}, {'compiled' if rec['compiled'] else 'eager'} "
              f"(measured on this machine)",
              f"{'variant':24s} {'compile s':>9s} {'median s':>9s} {'p10-p90 s':>15s}  status"]
     for v in rec["variants"]:
-        spread = "-" if not v["spread_s"] else "%.4f-%.4f" % tuple(v["spread_s"])
-        lines.append(f"{v['name']:24s} {fmt(v['compile_s'], '.1f'):>9s} {fmt(v['median_s'], '.4f'):>9s} {spread:>15s}  "
-                     f"{v['status']}{': ' + v['why'] if v['why'] else ''}")
+        compile_s, median, spread, status = variant_cells(v, "-")
+        lines.append(f"{v['name']:24s} {compile_s:>9s} {median:>9s} {spread:>15s}  {status}")
     lines += [f"{op}: {d['backend']} ({d['why']})" for op, d in rec["decision"].items()]
     return "\n".join(lines + [f"kernels={rec['kernels']}"])
 
