@@ -15,8 +15,8 @@ __all__ = ['WeightEma', 'ema_for', 'blend_for_save']
 class WeightEma:
     """An fp32 exponential moving average of a model's parameters: every `every` steps
     avg ← lerp(avg, w, 1 − decay^every). `state_dict()` is the average itself (live, as an optimizer's is)."""
-    def __init__(self, model: nn.Module, decay: float, every: int):
-        self.every, self.rate, self.blended = every, 1 - decay ** every, None
+    def __init__(self, model: nn.Module, decay: float, every: int, prewarm: int = 0):
+        self.every, self.prewarm, self.rate, self.blended = every, prewarm, 1 - decay ** every, None
         self.state = {"updates": 0, "weights": {n: p.detach().float().clone() for n, p in model.named_parameters()}}
 
     @property
@@ -30,8 +30,9 @@ class WeightEma:
         self.state["updates"] += 1
 
     def after_step(self, model: nn.Module, step: int):
-        "The training loop's hook, after optimizer step `step` (from 0): an update when `every` divides it."
-        if step % self.every == 0: self.update(model)
+        """The training loop's hook, after optimizer step `step` (from 0): an update when `every` divides step + 1, or
+        step + 1 is `prewarm`."""
+        if (step + 1) % self.every == 0 or step + 1 == self.prewarm: self.update(model)
 
     @torch.no_grad()
     def reset(self, model: nn.Module):
@@ -71,16 +72,19 @@ def ema_for(model: nn.Module, tcfg, run_state: dict) -> WeightEma | None:
     if not tcfg.ema_every:
         run_state.pop("ema", None)   # a resumed run that turns the average off saves none
         return None
-    ema = WeightEma(model, tcfg.ema_decay, tcfg.ema_every)
+    ema = WeightEma(model, tcfg.ema_decay, tcfg.ema_every, tcfg.ema_prewarm)
     if "ema" in run_state: ema.load_state_dict(run_state["ema"])
     run_state["ema"] = ema.state_dict()
     return ema
 
 # %% ../nbs/29_averaging.ipynb #5bfb65f2
-def blend_for_save(ema: WeightEma | None, model: nn.Module, blend: float, status: str, say=print) -> dict | None:
-    """Blend the average into `model` at the end of a run; returns the weights as trained (host state dict, for
-    resume.pt), or None where nothing was blended: no average, a blend of 0, no update, a diverged or crashed run, an
-    average still more than 10% initial weights (a short run), or one that is not finite."""
+def blend_for_save(ema: WeightEma | None, model: nn.Module, blend: float, status: str, say=print,
+                   pure: bool = False) -> dict | None:
+    """Blend the average into `model` at the end of a run (`pure`: the average alone, K82s4's save for a run that ends
+    before its cooldown's last levels); returns the weights as trained (host state dict, for resume.pt), or None where
+    nothing was blended: no average, a blend of 0, no update, a diverged or crashed run, an average still more than
+    10% initial weights (a short run), or one that is not finite."""
+    blend = 1.0 if pure and blend else blend
     if ema is None or not blend: return None
     start = (1 - ema.rate) ** ema.updates   # the share of the initial weights the average still holds
     why = ("no update yet" if not ema.updates else f"the run {status}" if status in ("diverged", "crashed")
@@ -90,5 +94,6 @@ def blend_for_save(ema: WeightEma | None, model: nn.Module, blend: float, status
         say(f"weights saved as trained, not blended with their EMA: {why}")
         return None
     raw = ema.blend_into(model, blend)
-    say(f"weights saved = {blend:g} x EMA ({ema.updates} updates) + {1 - blend:g} x trained")
+    if pure: say(f"weights saved = the EMA alone ({ema.updates} updates): the run ended before its cooldown's end")
+    else: say(f"weights saved = {blend:g} x EMA ({ema.updates} updates) + {1 - blend:g} x trained")
     return raw

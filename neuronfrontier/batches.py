@@ -8,11 +8,12 @@ from __future__ import annotations
 import collections, hashlib, itertools, queue, threading
 import torch
 from .config import TrainConfig
-from .data import PackedLoader
+from .data import PackedLoader, StreamRows, bos_id, document_batches
+import random
 from .distributed import rank_rows
 
 # %% auto #0
-__all__ = ['Prefetcher', 'RowPool', 'rank_loader']
+__all__ = ['Prefetcher', 'RowPool', 'RollingPool', 'MaskedTargets', 'rank_loader']
 
 # %% ../nbs/29_batches.ipynb #7945d88b
 class Prefetcher:
@@ -135,23 +136,94 @@ class RowPool:
         if name.startswith("_") or name == "source": raise AttributeError(name)
         return getattr(self.source, name)
 
+# %% ../nbs/29_batches.ipynb #a56409f0
+class RollingPool:
+    """`source`'s `(x, y)` micro-batches through K82s4's rolling buffer: `size` micro-batches read ahead; the first
+    `start` handed out in stream order, then each drawn row by row from every row waiting, one micro-batch read a
+    draw. `skip(n)` hands out n (`--resume`); other attributes are the source's."""
+    def __init__(self, source, size: int, start: int = 0, seed: int = 0, rank: int = 0, salt: int = 0):
+        if size < 1: raise ValueError(f"row_pool={size} must be >= 1 to pool (0: no pool)")
+        self.source, self.size, self.start, self._it = source, size, start, iter(source)
+        self.rng = random.Random(seed * 7919 + rank + 7777 * salt)
+        self.ahead, self.pool, self.batches = collections.deque(), [], 0   # `batches`: micro-batches handed out
+
+    def __iter__(self): return self
+
+    def __next__(self):
+        while True:   # read until more than `size` micro-batches wait (K82s4's look-ahead)
+            x, y = next(self._it)
+            self.ahead.append((x, y))
+            if len(self.ahead) + len(self.pool) // len(x) > self.size: break
+        if self.batches < self.start: item = self.ahead.popleft()
+        else:
+            while self.ahead: self.pool.extend(zip(*self.ahead.popleft()))   # every waiting micro-batch's rows
+            rows = []
+            for _ in range(len(x)):
+                j = self.rng.randrange(len(self.pool))
+                self.pool[j], self.pool[-1] = self.pool[-1], self.pool[j]
+                rows.append(self.pool.pop())
+            item = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+        self.batches += 1
+        return item
+
+    def skip(self, n: int) -> "RollingPool":
+        for _ in range(n): next(self)
+        return self
+
+    def state_dict(self) -> dict: return {"batches": self.batches, "row_pool": self.size, "rolling": True}
+
+    def __getattr__(self, name):   # what the train loop reads of a loader (utilisation, ...): the source's
+        if name.startswith("_") or name == "source": raise AttributeError(name)
+        return getattr(self.source, name)
+
 # %% ../nbs/29_batches.ipynb #afe1451a
-def _pooled(batches, tcfg: TrainConfig, rank: int = 0):
-    "`batches` through a `RowPool` as `tcfg` asks (`row_pool` > 0; salt and rank fix its order), else as they are."
+def _pooled(batches, tcfg: TrainConfig, rank: int = 0, seed: int = 0):
+    """`batches` through a `RowPool` (or K82s4's `RollingPool`, seeded by the run's seed too) as `tcfg` asks
+    (`row_pool` > 0; salt and rank fix its order), else as they are."""
     if tcfg.row_pool == 0: return batches
+    if tcfg.row_pool_mode == "rolling":
+        return RollingPool(batches, tcfg.row_pool, tcfg.row_pool_from, seed, rank, tcfg.row_pool_salt)
     return RowPool(batches, tcfg.row_pool, tcfg.row_pool_from, salt=(tcfg.row_pool_salt, rank))
+
+# %% ../nbs/29_batches.ipynb #03d7faef
+class MaskedTargets:
+    "`batches` with targets equal to `bos` set to −1; `skip` and other attributes are the source's."
+    def __init__(self, batches, bos: int): self.source, self.bos = batches, bos
+    def __iter__(self): return self
+    def __next__(self):
+        x, y = next(self.source)
+        return x, y.masked_fill(y == self.bos, -1)
+    def skip(self, n: int):
+        self.source.skip(n)
+        return self
+    def __getattr__(self, name):
+        if name.startswith("_") or name == "source": raise AttributeError(name)
+        return getattr(self.source, name)
+
+# %% ../nbs/29_batches.ipynb #b63f88ba
+def _masked(batches, tcfg: TrainConfig, enc):
+    "`batches` through `MaskedTargets` (BOS: `enc`'s) when `tcfg.mask_bos_targets`, else as they are."
+    return MaskedTargets(batches, bos_id(enc)) if tcfg.mask_bos_targets else batches
 
 # %% ../nbs/29_batches.ipynb #c54c010c
 def rank_loader(paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
     """(loader, this rank's batches). `data_sharding='rank'`: the rank reads every world-th document and packs its
     own `batch_size` rows — the same distribution and global batch, a world-th of the host work. `'global'`: every
     rank packs the whole global batch and keeps its rows — what one process would train on, row for row (for equality
-    tests). With `row_pool` the rows come through a `RowPool` (`_pooled`)."""
+    tests). With `row_pool` the rows come through a `RowPool` (`_pooled`). `rows='streams'`: this rank's stream rows
+    (`StreamRows`, from `document_batches` of the shards in file order), whatever the sharding."""
+    if tcfg.rows == "streams":
+        encode = lambda texts: enc.encode_ordinary_batch(texts, num_threads=2)
+        loader = StreamRows(document_batches(paths, rank, world), encode, bos_id(enc), tcfg.batch_size, seq_len,
+                            tcfg.stream_mix, tcfg.mask_bos_targets)
+        loader = _pooled(loader, tcfg, rank, seed)
+        return loader, loader
     if tcfg.data_sharding == "rank":
         loader = PackedLoader(paths, enc, tcfg.batch_size, seq_len, rank=rank, world_size=world, seed=seed)
-        loader = _pooled(loader, tcfg, rank)   # this rank's rows, in this rank's order
+        loader = _masked(_pooled(loader, tcfg, rank, seed), tcfg, enc)   # this rank's rows, in this rank's order
         return loader, loader
-    loader = _pooled(PackedLoader(paths, enc, tcfg.batch_size * world, seq_len, seed=seed), tcfg)   # before the split
+    loader = _pooled(PackedLoader(paths, enc, tcfg.batch_size * world, seq_len, seed=seed), tcfg, 0, seed)
+    loader = _masked(loader, tcfg, enc)   # pooled and masked before the split
     return loader, rank_rows(loader, rank, world)
 
 # %% ../nbs/29_batches.ipynb #e9fbc0bf
@@ -167,7 +239,9 @@ class _GivenRows:
 
 # %% ../nbs/29_batches.ipynb #0ac8eb23
 def _training_rows(spec, paths, enc, tcfg: TrainConfig, seq_len: int, rank: int, world: int, seed: int):
-    "(loader, this rank's batches): the given loader's (`spec.rows`) where there is one, else `rank_loader`'s."
+    """(loader, this rank's batches): the given loader's (`spec.rows`: the kit's, or stream rows of the kit's documents)
+    where there is one, else `rank_loader`'s."""
     if spec.rows is None: return rank_loader(paths, enc, tcfg, seq_len, rank, world, seed)
-    rows = _pooled(_GivenRows(spec.rows(seed, tcfg, seq_len)), tcfg, rank)   # the kit's loader: this rank's rows
+    rows = _pooled(_GivenRows(spec.rows(seed, tcfg, seq_len)), tcfg, rank, seed)   # this rank's rows
+    rows = rows if tcfg.rows == "streams" else _masked(rows, tcfg, enc)   # stream rows come masked
     return rows, rows

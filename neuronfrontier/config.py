@@ -106,6 +106,8 @@ class ArchSettings:
     softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
     rope_base: float = 10000.0 # RoPE's base θ: the longest wavelength grows with it
     norm_eps: float = 1e-6     # ε inside every RMSNorm's square root
+    norm_eps_dtype: bool = False  # ε = the compute dtype's machine epsilon instead (K82s4: 2⁻⁷ in bf16, 2⁻²³ in fp32)
+    qk_gain: float = 1.0       # q × this after its QK-norm (K82s4: 1.44), before the attention's 1/√d_head
     mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
     mlp_leak: float = 0.0      # relu2's LeakyReLU slope α: (max(z, αz))²; 0: ReLU² (the kit)
     value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
@@ -125,6 +127,10 @@ class ArchSettings:
                                # the last layer always sees the whole context (the kit: 'SSSL')
     init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
     embed_dtype: str = "fp32"  # 'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: bf16)
+    wte_std: float = 1.0       # the token embedding's init N(0, wte_std²) (K82s4: 0.8)
+    mlp_up_init: float = 1.0   # the MLP up-projection's init × this (K82s4: 0.4, i.e. U(±0.4·√3·d^-½))
+    ve_std: float = 0.0        # the value-embedding tables' init N(0, ve_std²) (K82s4: 1); 0: as the block matrices
+    x0_init: float = 0.1       # the x0 layer scalars' initial value (K82s4: 0.05)
 
 # %% ../nbs/01_config.ipynb #a44382b5
 @dataclass
@@ -160,6 +166,10 @@ class ModelConfig:
     def kv_heads(self) -> int: return self.n_kv_heads or self.n_heads
     @property
     def d_kv(self) -> int: return self.kv_heads * self.d_head
+    @property
+    def rms_eps(self) -> float | None:
+        "Every RMSNorm's ε: `norm_eps`, or None (the compute dtype's machine epsilon) with `norm_eps_dtype`."
+        return None if self.norm_eps_dtype else self.norm_eps
 
     @property
     def moe_layer_ids(self) -> tuple[int, ...]:
@@ -330,6 +340,14 @@ class BatchSettings:
     row_pool: int = 0           # micro-batches whose rows are shuffled together, without replacement (0: stream order)
     row_pool_from: int = 0      # the first micro-batch that comes through the pool (those before it: stream order)
     row_pool_salt: int = 0      # seeds each pool's order, with the pool's index (and the rank with 'rank' sharding)
+    row_pool_mode: str = "pools"  # 'pools': disjoint pools of row_pool micro-batches, each shuffled whole; 'rolling':
+                                  # a buffer of row_pool micro-batches ahead, topped up by one a draw (K82s4)
+    rows: str = "bestfit"       # 'bestfit': BOS-first rows packed best-fit, documents cropped (the kit's loader);
+                                # 'streams': documents joined BOS-first into stream_mix streams, each cut into rows
+                                # of seq_len+1 at stride seq_len (the scorer's layout; K82s4)
+    stream_mix: int = 8         # rows='streams': streams a rank's documents are dealt into, row r from stream r mod it
+                                # (at most batch_size of them)
+    mask_bos_targets: bool = False  # targets that are BOS (a new document) are not trained on (K82s4)
 
 # %% ../nbs/01_config.ipynb #4c8255ad
 @dataclass
@@ -366,6 +384,12 @@ class MuonSettings:
     ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
     normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
     cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
+    wd_fade: bool = True        # with cautious_wd: every decay × (1 − budget fraction); False: constant × lr (K82s4)
+    normuon_beta2: float = 0.95 # NorMuon's second-moment decay (K82s4: 0.9)
+    ns_safety: float = 0.0      # Newton–Schulz input X/(‖X‖·ns_safety + ns_eps); 0: the coefficients' own (1.02 for
+    ns_eps: float = 1e-7        # polar_express, 1 for quintic) (K82s4: 1.01 and 1e-6)
+    muon_momentum_unit: str = "step"  # muon_momentum_steps counts 'step's, or 'full_batch'es: micro-batches done /
+                                      # grad_accum, slower through a batch warm-up (K82s4)
 
 # %% ../nbs/01_config.ipynb #b2e6c2a2
 @dataclass
@@ -377,6 +401,8 @@ class ScheduleSettings:
     final_lr_frac: float = 0.0  # the rate at the end, as a fraction of its peak
     warmup_steps: int = 0       # > 0: the rate ramps as (step+1)/warmup_steps over the first steps instead, each
                                 # a full step (K82s4: 20)
+    cooldown_levels: int = 0    # wsd: 0 = a linear cooldown; N = a staircase of N levels, N/(N+1) down to 1/(N+1)
+                                # (K82s4: 19, 0.95 → 0.05)
     batch_warmup: str = ""      # batch warm-up 'until:share:lr,...': before budget fraction `until` a step takes
                                 # `share` of its micro-batches at `lr` × the rate (K82s4: '0.06:0.25:0.35,0.2:0.5:0.6')
 
@@ -441,6 +467,9 @@ class AveragingSettings:
     ema_every: int = 0            # steps between updates of the exponential moving average (EMA; 0: none)
     ema_decay: float = 0.99       # the EMA's decay per step: an update every k steps decays it by ema_decay^k
     ema_blend: float = 0.6        # the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights
+    ema_prewarm: int = 0          # > 0: one more update after this many steps (K82s4: 4, the kit's excluded steps − 1)
+    ema_pure_above: float = 0.0   # > 0: a run that ends with its lr multiplier above this saves the EMA alone, not
+                                  # the blend (K82s4: 0.15, i.e. cooldown level 3 of 20)
 
 # %% ../nbs/01_config.ipynb #31e28ea0
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
@@ -521,6 +550,7 @@ def validate_train(t: TrainConfig) -> TrainConfig:
     if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
         raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
     _validate_phases(t)
+    _validate_k82(t)
     for spec in filter(None, (x.strip() for x in t.adam_groups.split(","))):
         parts = spec.split(":")
         try: ok = len(parts) == 4 and parts[0] in _ADAM_ROLES and all(0 <= float(x) < 1 for x in parts[1:])
@@ -547,6 +577,22 @@ def _validate_phases(t: TrainConfig):
         raise ValueError(f"mtp_fade={t.mtp_fade!r} needs {len(w) - 1} rising fractions in (0, 1] for "
                          f"mtp_weights={t.mtp_weights!r}, e.g. '0.2,0.45' for three weights")
     if t.mtp_stages < 1: raise ValueError(f"mtp_stages={t.mtp_stages} must be >= 1")
+
+_ROWS, _POOL_MODES, _MOMENTUM_UNITS = ("bestfit", "streams"), ("pools", "rolling"), ("step", "full_batch")
+
+def _validate_k82(t: TrainConfig):
+    "The settings K82s4's mechanisms brought: rows, the rolling pool, Muon's details, the staircase, the EMA's extras."
+    for k, allowed in (("rows", _ROWS), ("row_pool_mode", _POOL_MODES), ("muon_momentum_unit", _MOMENTUM_UNITS)):
+        if getattr(t, k) not in allowed:
+            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(allowed)}")
+    if t.stream_mix < 1: raise ValueError(f"stream_mix={t.stream_mix} must be >= 1 (row r reads stream r mod it)")
+    if not 0 <= t.normuon_beta2 < 1: raise ValueError(f"normuon_beta2={t.normuon_beta2} must lie in [0, 1)")
+    if t.ns_safety < 0 or not t.ns_eps > 0:
+        raise ValueError(f"ns_safety={t.ns_safety}, ns_eps={t.ns_eps}: use ns_safety >= 0 (0: the coefficients' "
+                         "own) and ns_eps > 0")
+    for k in ("cooldown_levels", "ema_prewarm"):
+        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0 (0: off)")
+    if not 0 <= t.ema_pure_above < 1: raise ValueError(f"ema_pure_above={t.ema_pure_above} must lie in [0, 1) (0: off)")
 
 # %% ../nbs/01_config.ipynb #78fab666
 CONFIGS: dict[str, ModelConfig] = {
@@ -659,27 +705,33 @@ RECIPES: dict[str, list[str]] = {
         "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true",
         # lr_schedule
         "schedule=wsd", "warmup_frac=0", "cooldown_frac=0.5", "final_lr_frac=0"],
-    # FrontierForge's K82s4 (CHIP_EVIDENCE 5, recipes/K82s4/train.py): the kit's lineage with what the chip measured
+    # FrontierForge's K82s4 (CHIP_EVIDENCE 5, recipes/K82s4/train.py @ d4c751e5): every mechanism as K82s4 computes
+    # it (docs/k82s4.md; benchmarks/k82_parity.py checks it step for step)
     "trn2": [
         # arch
         "mlp=relu2", "mlp_leak=0.35", "value_embeds=true", "ve_shared=true", "ve_mix=scalars", "key_offset=0.3",
-        "rope_base=100000", "layer_scalars=true", "norm_gains=false",
-        "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=L", "init=uniform", "embed_dtype=bf16",
-        # optimizer: AdamW at the kit's rates × 1.4142 (embeddings 0.3, head 0.006, scalars 0.2 before it)
-        "optim=muon", "weight_decay=0.02", "adam_groups=embed:0.8:0.995:0.001,head:0.8:0.96:0.01,scalar:0.9:0.95:0",
-        "embed_lr=0.4243", "head_lr=0.008485", "scalar_lr=0.2828",
-        "resid_lr_scale=0.01", "x0_beta1=0.96", "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10",
-        "grad_clip=0",
-        # muon: 0.025 × 2.0
-        "ns_coeffs=polar_express", "normuon=true", "cautious_wd=true", "muon_lr=0.05", "muon_momentum_start=0.85",
-        "muon_momentum=0.95", "muon_momentum_steps=300", "muon_ema=true", "mlp_out_lr_scale=0.8",
-        # averaging: an EMA of the weights every 32 steps, 0.6 of it in the saved weights
-        "ema_every=32", "ema_decay=0.99", "ema_blend=0.6",
-        # lr_schedule: 20 warm-up steps, the batch warm-up, a linear cooldown over the last 70% to 0.05
+        "rope_base=100000", "layer_scalars=true", "norm_gains=false", "norm_eps_dtype=true", "qk_gain=1.44",
+        "embed_norm=true", "qk_norm=true", "softcap=15", "window_pattern=L", "init=uniform", "embed_dtype=fp32",
+        "wte_std=0.8", "mlp_up_init=0.4", "ve_std=1", "x0_init=0.05",
+        # optimizer: AdamW at the kit's rates × 1.4142 (embeddings 0.3, head 0.006, scalars 0.2 before it); the layer
+        # scalars (residual, x0, value-embedding mix) one group at 0.2828, betas (0.9, 0.95), no decay
+        "optim=muon", "weight_decay=0.02",
+        "adam_groups=embed:0.8:0.995:0.001,head:0.8:0.96:0.01,scalar:0.9:0.95:0,resid:0.9:0.95:0,x0:0.9:0.95:0",
+        "embed_lr=0.42426", "head_lr=0.0084852", "scalar_lr=0.28284",
+        "resid_lr_scale=1", "lr_width_scale=true", "beta1=0.8", "beta2=0.95", "adam_eps=1e-10", "grad_clip=0",
+        # muon: 0.025 × 2.0; decay constant × lr; the momentum ramp counted in full batches
+        "ns_coeffs=polar_express", "ns_safety=1.01", "ns_eps=1e-6", "normuon=true", "normuon_beta2=0.9",
+        "cautious_wd=true", "wd_fade=false", "muon_lr=0.05", "muon_momentum_start=0.85", "muon_momentum=0.95",
+        "muon_momentum_steps=300", "muon_momentum_unit=full_batch", "muon_ema=true", "mlp_out_lr_scale=0.8",
+        # averaging: an EMA of the weights every 32 steps (and after step 4), 0.6 of it in the saved weights
+        "ema_every=32", "ema_decay=0.99", "ema_blend=0.6", "ema_prewarm=4", "ema_pure_above=0.15",
+        # lr_schedule: 20 warm-up steps, the batch warm-up, a staircase cooldown over the last 70%, 0.95 to 0.05
         "schedule=wsd", "warmup_frac=0", "warmup_steps=20", "cooldown_frac=0.7", "final_lr_frac=0.05",
-        "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6",
-        # batch: from micro-batch 96 on, rows drawn without replacement from pools of 256 micro-batches, salt 4
-        "row_pool=256", "row_pool_from=96", "row_pool_salt=4",
+        "cooldown_levels=19", "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6",
+        # batch: the scorer's stream rows from 8 streams, BOS targets masked; from micro-batch 96 on, rows drawn from
+        # a rolling buffer of 256 micro-batches ahead (salt 4)
+        "rows=streams", "stream_mix=8", "mask_bos_targets=true",
+        "row_pool=256", "row_pool_from=96", "row_pool_salt=4", "row_pool_mode=rolling",
         # objective: the next three tokens, faded to the next one by 45% of the run
         "mtp_weights=1,0.5,0.25", "mtp_fade=0.2,0.45", "mtp_stages=4"],
 }

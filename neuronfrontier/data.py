@@ -20,7 +20,8 @@ __all__ = ['PKG_ROOT', 'EMBEDDED_CORPUS', 'PYDOCS_SRC', 'SPLIT_PATTERN', 'SPECIA
            'build_embedded_corpus', 'shard_name', 'write_shards', 'find_shards', 'train_tokenizer', 'token_bytes_of',
            'file_sha256', 'tokenizer_sha256', 'read_manifest', 'save_tokenizer', 'bos_id', 'load_tokenizer',
            'gpt2_ranks_file', 'gpt2_tokenizer', 'check_kit_tokenizer', 'install_kit_tokenizer', 'iter_documents',
-           'PackedLoader', 'val_batches', 'stream_batches', 'unigram_bpb', 'download_climbmix', 'prepare']
+           'PackedLoader', 'document_batches', 'StreamRows', 'val_batches', 'stream_batches', 'unigram_bpb',
+           'download_climbmix', 'prepare']
 
 # %% ../nbs/00_data.ipynb #2ff7ece3
 PKG_ROOT = Path(__file__).resolve().parent.parent if "__file__" in globals() else Path.cwd().parent
@@ -423,6 +424,69 @@ class PackedLoader:
 
     def skip(self, n_batches: int) -> "PackedLoader":
         "Advance by `n_batches` (used by `--resume`: the stream is a deterministic function of the seed)."
+        for _ in range(n_batches): next(self)
+        return self
+
+# %% ../nbs/00_data.ipynb #7b3f6ebe
+def document_batches(paths, rank: int = 0, world: int = 1, batch: int = 128, cycle: bool = True):
+    """(texts, epoch) from parquet `paths` as the kit's `_document_batches` hands them out: this rank's row groups
+    (every world-th, counted over all files; every one when there are fewer than ranks), each in lists of `batch`
+    texts, in file order; `cycle`: again from the start with the epoch counted up."""
+    groups = [(p, g) for p in paths for g in range(pq.ParquetFile(p).num_row_groups)]
+    mine = [pg for k, pg in enumerate(groups) if k % world == rank or len(groups) < world]
+    epoch = 0
+    while True:
+        for p, g in mine:
+            texts = pq.ParquetFile(p).read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for i in range(0, len(texts), batch): yield texts[i:i + batch], epoch
+        if not cycle: return
+        epoch += 1
+
+# %% ../nbs/00_data.ipynb #455dbe98
+class StreamRows:
+    """Micro-batches `(x, y)` [B, T] int64 cut from `n_streams` BOS-joined document streams: row r from stream
+    r mod n_streams, T+1 tokens at stride T. `batches` yields (texts, epoch); `encode` maps a list of texts to lists
+    of ids (no BOS); each document, BOS first, joins the shortest stream. `mask_bos`: BOS targets become −1."""
+    def __init__(self, batches, encode, bos: int, batch_size: int, seq_len: int, n_streams: int = 8,
+                 mask_bos: bool = False):
+        if n_streams < 1: raise ValueError(f"stream_mix={n_streams} must be >= 1")
+        self.docs, self.encode, self.bos, self.B, self.T = iter(batches), encode, bos, batch_size, seq_len
+        # no more streams than rows: a stream no row reads would hold the documents dealt to it for ever
+        self.mask_bos, self.streams = mask_bos, [[] for _ in range(min(n_streams, batch_size))]
+        self.epoch, self.batches, self.tokens_read, self.tokens_used = 0, 0, 0, 0
+
+    def _refill(self):
+        texts, self.epoch = next(self.docs)   # StopIteration ends the rows (a source that does not cycle)
+        for ids in self.encode(texts):
+            shortest = min(range(len(self.streams)), key=lambda i: len(self.streams[i]))   # the first of equals
+            self.streams[shortest].extend([self.bos, *ids])
+            self.tokens_read += len(ids) + 1
+
+    def __iter__(self): return self
+
+    def __next__(self):
+        import torch
+        rows = []
+        for r in range(self.B):
+            stream = self.streams[r % len(self.streams)]
+            while len(stream) < self.T + 1: self._refill()
+            rows.append(stream[:self.T + 1])
+            del stream[:self.T]   # stride T: the row's last token starts the next row
+        self.batches += 1
+        self.tokens_used += self.B * self.T
+        t = torch.tensor(rows, dtype=torch.long)
+        y = t[:, 1:].masked_fill(t[:, 1:] == self.bos, -1) if self.mask_bos else t[:, 1:].contiguous()
+        return t[:, :-1].contiguous(), y
+
+    @property
+    def utilisation(self) -> float:
+        "Fraction of the tokens read that rows have used as inputs (the rest wait in the streams)."
+        return self.tokens_used / max(1, self.tokens_read)
+
+    def state_dict(self) -> dict: return {"batches": self.batches}
+
+    def skip(self, n_batches: int) -> "StreamRows":
+        "Advance by `n_batches` (`--resume`: the rows are a deterministic function of the documents)."
         for _ in range(n_batches): next(self)
         return self
 

@@ -80,6 +80,19 @@ def _documents(split: str, rank: int, world: int, cycle: bool):
         if not cycle: return
         epoch += 1
 
+# %% ../nbs/32_kit_prepare.ipynb #ce029bea
+def _document_batches(split: str, rank: int, world: int, tokenizer_batch_size: int = 128):
+    """Endless (texts, epoch): this rank's share of the split's row groups (every world-th; every one when there are
+    fewer than ranks), each in lists of `tokenizer_batch_size` texts: the private reader K82s4's stream loader calls."""
+    groups = [(p, g) for p in _shards(split) for g in range(pq.ParquetFile(p).num_row_groups)]
+    mine = [pg for k, pg in enumerate(groups) if k % world == rank or len(groups) < world]
+    epoch = 0
+    while True:
+        for p, g in mine:
+            texts = pq.ParquetFile(p).read_row_group(g, columns=["text"]).column("text").to_pylist()
+            for i in range(0, len(texts), tokenizer_batch_size): yield texts[i:i + tokenizer_batch_size], epoch
+        epoch += 1
+
 # %% ../nbs/32_kit_prepare.ipynb #147d5d66
 def make_dataloader(tokenizer, B: int, T: int, split: str, device="cpu", buffer: int = 1000, **_):
     """Yield (x int32, y int64, {"epoch": e}) of [B, T] on `device`: rows of T+1 tokens, each starting at a document's

@@ -69,11 +69,12 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.d_model, cfg.d_kv, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.d_kv, bias=False)
         self.wo = nn.Linear(cfg.d_attn, cfg.d_model, bias=False)
-        self.q_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.d_head, cfg.norm_eps, cfg.norm_gains) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.d_head, cfg.rms_eps, cfg.norm_gains) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.d_head, cfg.rms_eps, cfg.norm_gains) if cfg.qk_norm else None
         self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve and cfg.ve_mix == "gate" else None
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if ve and cfg.ve_mix == "scalars" else None   # (a, b)
         self.window = window   # keys before the query it may see (None: the whole context)
+        self.qk_gain = cfg.qk_gain
         # key_offset: the slow rotary pairs (fixed by the training length, whatever length a call has)
         self.slow_from = (slow_pairs_from(cfg.d_head, cfg.rope_base, cfg.seq_len, cfg.key_offset)
                           if cfg.key_offset else None)
@@ -84,6 +85,7 @@ class Attention(nn.Module):
         k, v = (w(x).view(B, T, self.n_kv_heads, self.d_head) for w in (self.wk, self.wv))
         # QK-norm before the rotation: without gains the same as after it (a rotation keeps each head's RMS)
         if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
+        if self.qk_gain != 1: q = q * self.qk_gain   # K82s4's 1.44: sharper attention than 1/√d_head alone
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.slow_from is not None: k = offset_keys(k, self.slow_from)
         # GQA: each K/V head serves n_heads/n_kv_heads neighbouring query heads; ops.attention takes k and v with
@@ -114,9 +116,9 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         moe = layer in cfg.moe_layer_ids
-        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains)
+        self.norm1 = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_gains)
         self.attn = Attention(cfg, cfg.has_ve(layer), cfg.windows[layer])
-        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains), MoE(cfg) if moe else MLP(cfg)
+        self.norm2, self.mlp = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_gains), MoE(cfg) if moe else MLP(cfg)
         self.shared = MLP(cfg, cfg.n_shared_experts * cfg.d_expert, "swiglu") if moe and cfg.n_shared_experts else None
     def forward(self, x, cos, sin, ve=None, source=None):
         "`source`: the stream the attention reads instead of `x` (attention-source reuse); the residual stays x."
@@ -137,8 +139,8 @@ class GPT(nn.Module):
         table_dtype = torch.bfloat16 if cfg.embed_dtype == "bf16" else None
         self.wte = nn.Embedding(cfg.padded_vocab, cfg.d_model, dtype=table_dtype)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps, cfg.norm_gains)
-        self.norm_e = RMSNorm(cfg.d_model, cfg.norm_eps, gain=False) if cfg.embed_norm else None
+        self.norm_f = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.norm_gains)
+        self.norm_e = RMSNorm(cfg.d_model, cfg.rms_eps, gain=False) if cfg.embed_norm else None
         self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab, bias=False)
         # switches (ModelConfig): per-layer value-embedding tables, per-layer residual / x0 scalars
         tables = sorted({cfg.ve_table_of(i) for i in range(cfg.n_layers)} - {None})   # one, with ve_shared
@@ -161,7 +163,7 @@ class GPT(nn.Module):
         def draw(p, std):
             if self.cfg.init == "uniform": nn.init.uniform_(p, -bound, bound)
             else: nn.init.normal_(p, std=std)
-        nn.init.normal_(self.wte.weight, std=1.0)
+        nn.init.normal_(self.wte.weight, std=self.cfg.wte_std)
         for name, p in self.named_parameters():
             if p.ndim in (2, 3) and name != "wte.weight": draw(p, p.shape[-2 if p.ndim == 3 else 1] ** -0.5)
             elif p.ndim == 1: nn.init.ones_(p)
@@ -171,8 +173,12 @@ class GPT(nn.Module):
                     nn.init.zeros_(p)  # blocks start as the identity
             if b.attn.ve_gate is not None: nn.init.zeros_(b.attn.ve_gate.weight)  # gate 2·σ(0) = 1
             if b.attn.ve_mix is not None: nn.init.constant_(b.attn.ve_mix, 0.5)   # half v, half the table
-        for e in self.value_embeds.values(): draw(e.weight, self.cfg.d_model ** -0.5)
-        if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, 0.1)
+        for b in self.blocks:   # K82s4's narrower up-projection: U(±0.4·bound) at mlp_up_init 0.4
+            if self.cfg.mlp_up_init != 1 and isinstance(b.mlp, MLP): b.mlp.w_up.weight.mul_(self.cfg.mlp_up_init)
+        for e in self.value_embeds.values():
+            if self.cfg.ve_std: nn.init.normal_(e.weight, std=self.cfg.ve_std)
+            else: draw(e.weight, self.cfg.d_model ** -0.5)
+        if self.cfg.layer_scalars: nn.init.constant_(self.x0_lambdas, self.cfg.x0_init)
         nn.init.normal_(self.lm_head.weight, std=1e-3)
 
     @property

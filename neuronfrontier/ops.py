@@ -13,9 +13,9 @@ from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guar
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'backend_spec', 'pin_backends',
            'use_backend', 'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm',
-           'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch',
-           'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced', 'watched',
-           'backend_asked', 'fallbacks', 'set_fallback', 'set_kernel_importer', 'isolated']
+           'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
+           'swiglu_torch', 'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced',
+           'watched', 'backend_asked', 'fallbacks', 'set_fallback', 'set_kernel_importer', 'isolated']
 
 # %% ../nbs/03_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
@@ -177,10 +177,18 @@ def kernel_op(bodies, setup_context, backward, launch, nki_op=None):
     return KernelFunction.apply
 
 # %% ../nbs/03_ops.ipynb #99e9b258
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6) -> torch.Tensor:
     """x / sqrt(mean(x², -1) + eps) · weight, over the last dimension; `weight` None: no gain (not a gain of ones to
-    load and multiply — the kernels skip it, and its gradient)."""
-    return _call("rms_norm", x, weight, eps)
+    load and multiply — the kernels skip it, and its gradient). `eps` None: the machine epsilon of the dtype the step
+    computes in (`compute_eps`), as `F.rms_norm` does."""
+    return _call("rms_norm", x, weight, compute_eps(x) if eps is None else eps)
+
+# %% ../nbs/03_ops.ipynb #941eb11e
+def compute_eps(x: torch.Tensor) -> float:
+    "The machine epsilon of the dtype `x` is computed in: autocast's where it is on for x's device (2⁻⁷ for bf16)."
+    try: on = torch.is_autocast_enabled(x.device.type)
+    except RuntimeError: on = False   # a device type autocast does not know
+    return torch.finfo(torch.get_autocast_dtype(x.device.type) if on else x.dtype).eps
 
 # %% ../nbs/03_ops.ipynb #01ec931b
 def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:

@@ -69,10 +69,12 @@ def default_ns_dtype(device) -> torch.dtype:
 
 # %% ../nbs/20_optim.ipynb #861f4b36
 def zeropower_via_newtonschulz5(G: Tensor, steps: int = 5, coeffs="quintic", dtype: torch.dtype | None = None,
-                                eps: float = 1e-7) -> Tensor:
-    "Approximate the polar factor UVᵀ of each matrix in `G` ([..., m, n]) with `steps` odd-quintic iterations."
+                                eps: float = 1e-7, safety: float | None = None) -> Tensor:
+    """Approximate the polar factor UVᵀ of each matrix in `G` ([..., m, n]) with `steps` odd-quintic iterations; the
+    input is scaled to X/(‖X‖_F·safety + eps) first (`safety` None or 0: the coefficients' own)."""
     if G.ndim < 2: raise ValueError(f"expected a matrix or a stack of matrices, got shape {tuple(G.shape)}")
-    cs, safety = _resolve_coeffs(coeffs)
+    cs, own = _resolve_coeffs(coeffs)
+    safety = safety or own
     X = G.to(dtype or default_ns_dtype(G.device))
     tall = X.size(-2) > X.size(-1)
     if tall: X = X.mT
@@ -146,7 +148,7 @@ class Muon(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 0.025, momentum: float = 0.95, nesterov: bool = True,
                  weight_decay: float = 0.0, ns_steps: int = 5, coeffs="quintic", ns_dtype: torch.dtype | None = None,
                  distributed: bool | None = None, normuon: bool = False, beta2: float = 0.95, cautious_wd: bool = False,
-                 ema: bool = False):
+                 ema: bool = False, ns_safety: float = 0.0, ns_eps: float = 1e-7):
         if lr < 0 or not 0 <= momentum < 1 or weight_decay < 0 or ns_steps < 1 or not 0 <= beta2 < 1:
             raise ValueError(
                 f"invalid Muon hyper-parameters: lr={lr}, momentum={momentum}, weight_decay={weight_decay}, "
@@ -164,6 +166,8 @@ class Muon(torch.optim.Optimizer):
             beta2=beta2,
             cautious_wd=cautious_wd,
             ema=ema,
+            ns_safety=ns_safety,
+            ns_eps=ns_eps,
         )
         super().__init__(params, defaults)
         for g in self.param_groups:
@@ -211,7 +215,8 @@ class Muon(torch.optim.Optimizer):
                 dtype = self.ns_dtype or default_ns_dtype(items[0][0].device)
                 O = (
                     zeropower_via_newtonschulz5(
-                        torch.stack([u for _, u in own]), group["ns_steps"], group["coeffs"], dtype
+                        torch.stack([u for _, u in own]), group["ns_steps"], group["coeffs"], dtype,
+                        group["ns_eps"], group["ns_safety"]
                     )
                     if own
                     else None
@@ -250,7 +255,8 @@ class Muon(torch.optim.Optimizer):
             self.owned.add(p)
             return normuon_scale(self.state[p], o, group["beta2"]) if group["normuon"] else o
         outs = sharded_updates(items, lambda U: zeropower_via_newtonschulz5(U, group["ns_steps"], group["coeffs"],
-                                                                            dtype), finish)
+                                                                            dtype, group["ns_eps"],
+                                                                            group["ns_safety"]), finish)
         scale = self.shape_scale(items[0][0].shape)
         self._apply([local_shard(p) for p, _ in items], list(outs), group, scale)
 
@@ -329,7 +335,8 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
                           for r, ps in muon_groups.items()],
                          lr=lrs["block"], momentum=tcfg.muon_momentum, weight_decay=tcfg.weight_decay,
                          coeffs=coeffs or tcfg.ns_coeffs, ns_dtype=ns_dtype, distributed=distributed,
-                         normuon=tcfg.normuon, cautious_wd=tcfg.cautious_wd, ema=tcfg.muon_ema))
+                         normuon=tcfg.normuon, cautious_wd=tcfg.cautious_wd, ema=tcfg.muon_ema,
+                         beta2=tcfg.normuon_beta2, ns_safety=tcfg.ns_safety, ns_eps=tcfg.ns_eps))
     if adam_groups:
         # foreach: one call per arithmetic step over all the group's tensors, on any device (PyTorch picks it itself
         # only on the devices it knows; `fused` has no neuron kernel)
@@ -361,6 +368,9 @@ def lr_multiplier(frac: float, recipe) -> float:
     f = min(max(float(frac), 0.0), 1.0)
     w, c, end = recipe.warmup_frac, recipe.cooldown_frac, recipe.final_lr_frac
     if f < w: return f / w
+    if recipe.schedule == "wsd" and getattr(recipe, "cooldown_levels", 0) and c > 0 and f >= 1 - c:
+        n = recipe.cooldown_levels   # K82s4's staircase: level n at the cooldown's start, one lower each 1/n of it
+        return max(1, n - int((f - (1 - c)) / c * n)) / (n + 1)
     if recipe.schedule == "wsd":
         if c > 0 and f > 1 - c: return end + (1 - end) * (1 - f) / c
         return 1.0
@@ -371,8 +381,10 @@ def lr_multiplier(frac: float, recipe) -> float:
 
 # %% ../nbs/20_optim.ipynb #74addd7c
 def weight_decay_multiplier(frac: float, recipe) -> float:
-    "Weight-decay multiplier at budget fraction `frac`: 1 − frac (decaying to zero) with `recipe.cautious_wd`, else 1."
-    return 1.0 - min(max(float(frac), 0.0), 1.0) if recipe.cautious_wd else 1.0
+    """Weight-decay multiplier at budget fraction `frac`: 1 − frac (decaying to zero) with `recipe.cautious_wd` and
+    `recipe.wd_fade` (the kit's), else 1 (the decay then follows the lr alone: K82s4's)."""
+    fade = recipe.cautious_wd and getattr(recipe, "wd_fade", True)
+    return 1.0 - min(max(float(frac), 0.0), 1.0) if fade else 1.0
 
 # %% ../nbs/20_optim.ipynb #1d659926
 def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac: float = 0.1) -> float:
@@ -382,15 +394,18 @@ def muon_momentum(frac: float, end: float = 0.95, start: float = 0.85, ramp_frac
     return start + (end - start) * t
 
 # %% ../nbs/20_optim.ipynb #3833fe01
-def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None) -> tuple[float, float]:
+def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None,
+                   full_batches: float | None = None) -> tuple[float, float]:
     """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`)
     and every Muon group's momentum for budget fraction `frac`; return (lr multiplier × lr_scale, momentum). `lr_scale`:
-    what
-    rollbacks have lowered the learning rate to (1 without). With `recipe.muon_momentum_steps` the momentum ramps over
-    optimizer steps (`step`, counted from 0) instead of the budget."""
+    what rollbacks and the batch warm-up scale the rate by (1 without). With `recipe.muon_momentum_steps` the
+    momentum ramps over optimizer steps (`step`, counted from 0), or with `muon_momentum_unit='full_batch'` over the
+    full batches done before this step (`full_batches`: micro-batches / grad_accum), instead of the budget."""
     mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)
-    if recipe.muon_momentum_steps and step is not None:
-        mom = muon_momentum(step / recipe.muon_momentum_steps, recipe.muon_momentum, recipe.muon_momentum_start, 1.0)
+    by_batch = getattr(recipe, "muon_momentum_unit", "step") == "full_batch" and full_batches is not None
+    count = full_batches if by_batch else step
+    if recipe.muon_momentum_steps and count is not None:
+        mom = muon_momentum(count / recipe.muon_momentum_steps, recipe.muon_momentum, recipe.muon_momentum_start, 1.0)
     else:
         mom = muon_momentum(frac, recipe.muon_momentum, recipe.muon_momentum_start, recipe.muon_momentum_warmup)
     for o in opts:

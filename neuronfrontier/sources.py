@@ -90,6 +90,18 @@ FIELD_SOURCES: dict[str, str] = {
                  "~-0.0005 bpb on the chip and -0.0003 official in one pair (CHIP_EVIDENCE 3, 4, 5)",
     "ema_decay": "FrontierForge K82s4's 0.99 a step, 0.99^32 per update (recipes/K82s4/train.py, EMA_DECAY)",
     "ema_blend": "FrontierForge K82s4's 0.6 (CHIP_EVIDENCE 4, 5)",
+    "ema_prewarm": "0: off; only an EMA's recipe uses it",
+    "ema_pure_above": "0: off: a run always saves the blend",
+    "rows": "kit: BOS-first best-fit rows, as autoresearch's make_dataloader packs them",
+    "stream_mix": "inert while rows=bestfit",
+    "mask_bos_targets": "off: every target is trained on, as the kit",
+    "row_pool_mode": "choice: whole pools; inert while row_pool=0",
+    "normuon_beta2": "NorMuon's 0.95, as the kit; inert while normuon=false",
+    "ns_safety": "0: the coefficients' own (Polar Express's 1.02, as the kit)",
+    "ns_eps": "the kit's 1e-7",
+    "wd_fade": "kit: cautious decay fading with 1 - the budget fraction",
+    "muon_momentum_unit": "kit: the ramp counts optimizer steps",
+    "cooldown_levels": "0: a linear cooldown, as the kit",
 }
 
 # settings a preset fixes itself, and why
@@ -133,9 +145,29 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
     "kit": {k: KIT_SOURCE + _TRANSFER for k in ("embed_lr", "head_lr", "muon_lr")},
     "trn2": {
         **{k: _K82 for k in ("rope_base", "softcap", "layer_scalars", "norm_gains", "embed_norm", "qk_norm", "init",
-                             "embed_dtype", "optim", "resid_lr_scale", "x0_beta1", "lr_width_scale", "adam_eps",
-                             "grad_clip", "ns_coeffs", "normuon", "cautious_wd", "muon_momentum_start", "muon_momentum",
-                             "schedule", "warmup_frac", "mtp_stages", "mlp", "value_embeds")},
+                             "optim", "lr_width_scale", "adam_eps", "grad_clip", "ns_coeffs", "normuon", "cautious_wd",
+                             "muon_momentum_start", "muon_momentum", "schedule", "warmup_frac", "mtp_stages", "mlp",
+                             "value_embeds", "ns_safety", "ns_eps", "normuon_beta2", "norm_eps_dtype", "stream_mix",
+                             "ema_pure_above")},
+        "rows": f"{FF}: the scorer's stream rows, -0.0326 against BOS-first rows, BOS at row start -0.0343 against the "
+                "same control; 8 streams vs 1 -0.003 / -0.004 (FF monitor-runs, single seeds)",
+        "mask_bos_targets": f"{FF}: BOS targets not trained on, -0.0002 alone, -0.0013 bundled (FF experiments)",
+        "embed_dtype": f"{FF}: every parameter and AdamW moment fp32; all parameters bf16 cost +0.041 in a 120-step "
+                       "screen (FF FINDINGS)",
+        "qk_gain": f"{FF}: q x 1.44 after the QK-norm; -0.004 early, about neutral at depth 9 (FF FINDINGS)",
+        "mlp_up_init": f"{FF}: the MLP up-projection at 0.4 x the uniform bound; at 1.0 the loss sat +0.08 higher at "
+                       "step 60 (FF FINDINGS)",
+        "wte_std": f"{FF}: the token embedding N(0, 0.8^2) (recipes/K82s4/train.py, FF_WTE_STD)",
+        "ve_std": f"{FF}: the value-embedding table N(0, 1) (recipes/K82s4/train.py)",
+        "x0_init": f"{FF}: x0 scalars start at 0.05 (recipes/K82s4/train.py, FF_X0_INIT)",
+        "resid_lr_scale": f"{FF}: the residual scalars at the scalar group's rate; scalar lr 0.4 +0.0050, 0.1 / 0.05 "
+                          "+0.0012-0.0016 (FF FINDINGS)",
+        "wd_fade": f"{FF}: decay constant x lr, Muon's and AdamW's alike (recipes/K82s4/train.py, FF_WD_SCHED=0)",
+        "muon_momentum_unit": f"{FF}: the ramp counted in full-batch equivalents; no ramp +0.0068 (FF FINDINGS)",
+        "cooldown_levels": f"{FF}: a staircase of 19 levels, 0.95 -> 0.05; a sqrt shape +0.0007-0.0018 (FF FINDINGS)",
+        "row_pool_mode": f"{FF}: a rolling buffer of 256 micro-batches ahead, one read a draw (recipes/K82s4/train.py)",
+        "ema_prewarm": f"{FF}: an EMA update after the 4th step (the kit's excluded steps - 1), -0.0003 official "
+                       "(FF FINDINGS)",
         "mlp_leak": f"{FF}: LeakyReLU(0.35)^2 -0.0017 on the chip (chip C raw -0.00105; official -0.0015; FF log)",
         "ve_shared": f"{FF}: one table into blocks 0 and 8 (recipes/K82s4/train.py)",
         "ve_mix": f"{FF}: a·v + b·ve; a 96-parameter VE gate cost +7.65% step time on the chip "
@@ -152,24 +184,24 @@ RECIPE_SOURCES: dict[str, dict[str, str]] = {
         "weight_decay": f"{FF}: 0.02, cautious, on Muon's matrices only",
         "embed_lr": f"{FF}: 0.3 x AdamW scale 1.4142 (then x (d/768)^-0.5 with lr_width_scale)",
         "head_lr": f"{FF}: 0.006 x 1.4142 (then x (d/768)^-0.5)", "scalar_lr": f"{FF}: 0.2 x 1.4142",
-        "beta1": f"kit's 0.8, for the roles adam_groups does not name (the layer scalars' x0 and resid)",
+        "beta1": "kit's 0.8, for a role adam_groups does not name (none in a dense model)",
         "beta2": "kit's 0.95 (see beta1)",
         "adam_groups": f"{FF}: betas (0.8, 0.995) and decay 0.001 for the embeddings, (0.8, 0.96) and 0.01 for the "
-                       "head, (0.9, 0.95) and none for the scalars",
+                       "head, (0.9, 0.95) and none for every layer scalar (residual, x0, value-embedding mix)",
         "muon_lr": f"{FF}: 0.025 x LR scale 2.0",
-        "muon_momentum_steps": f"{FF}: 0.85 -> 0.95 over 300 steps (theirs counted in full-batch equivalents)",
+        "muon_momentum_steps": f"{FF}: 0.85 -> 0.95 over 300 full-batch equivalents",
         "muon_ema": f"{FF}: Nesterov in the lerp form, as the kit",
         "warmup_steps": f"{FF}: 20 warm-up steps at the full batch",
-        "cooldown_frac": f"{FF}: linear over the last 70%; with the batch warm-up's x0.35 / x0.6: -0.0006 "
+        "cooldown_frac": f"{FF}: over the last 70%; with the batch warm-up's x0.35 / x0.6: -0.0006 "
                          "step-normalised, 3 chip pairs all negative (FF FINDINGS)",
-        "final_lr_frac": f"{FF}: a floor of 0.05 (theirs a 19-level staircase; linear here)",
+        "final_lr_frac": f"{FF}: the staircase's last level, 1/20",
         "batch_warmup": f"{FF}: 65k -> 131k -> 262k tokens at 6% / 20% of the charged time, LR x0.35 / x0.6: -0.0019 "
                         "(FF log)",
         "mtp_weights": f"{FF}: next 3 tokens 1 / 0.5 / 0.25 from one head, faded: -0.0043 (FF campaign log, n "
                        "unstated)",
         "mtp_fade": f"{FF}: w3 fades over [0, 0.2), w2 over [0.2, 0.45) of the charged time (recipes/K82s4/train.py)",
-        "row_pool": f"{FF}: 256 micro-batches, -0.0023 (one chip pair; official -0.0022); 1,024 equal, 64 smaller; "
-                    "theirs a rolling buffer refilled a micro-batch at a time, ours whole pools (29_batches)",
+        "row_pool": f"{FF}: 256 micro-batches, -0.0023 (one chip pair; official -0.0022); 1,024 equal, 64 smaller "
+                    "(29_batches)",
         "mlp_out_lr_scale": f"{FF}: the MLP output projection at 0.8x, ~-0.0004 (seed 73, 1 pair; 0.7x flipped sign)",
         "ema_every": f"{FF}: every 32 steps (+0.45% step time on the chip); the blend ~-0.0005 chip, -0.0003 official, "
                      "1 pair; prewarmed in the free start-up, -0.0003 official (FF FINDINGS)",

@@ -9,7 +9,8 @@ from pathlib import Path
 from .clock import process_start_ns, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import env_world
 from .train import RunSpec, train
-from .config import first_line
+from .config import first_line, resolve
+from .data import StreamRows
 from .flags import flag_group, add_flags
 from .data import token_bytes_of
 from .checkpoint import load_for_eval
@@ -58,17 +59,25 @@ def kit_tokenizer(kit):
 
 # %% ../nbs/95_submission.ipynb #1797737a
 def kit_rows(kit, tok):
-    """The kit's `make_dataloader` as a run's training rows: `rows(seed, tcfg, seq_len)`, this rank's share (the kit
-    reads its rank from torchrun's environment). The seed has no say: the kit's order is the kit's."""
+    """The kit's documents as a run's training rows: `rows(seed, tcfg, seq_len)`, this rank's share. `rows='streams'`:
+    `StreamRows` of the kit's `_document_batches` (K82s4's reader); else the kit's `make_dataloader` (it reads its rank
+    from torchrun's environment). The seed has no say: the kit's order is the kit's."""
     def rows(seed, tcfg, seq_len):
+        if tcfg.rows == "streams":
+            rank, _, world = env_world()
+            return StreamRows(kit._document_batches("train", rank, world, 128), tok.encode, tok.get_bos_token_id(),
+                              tcfg.batch_size, seq_len, tcfg.stream_mix, tcfg.mask_bos_targets)
         return kit.make_dataloader(tok, tcfg.batch_size, seq_len, "train", "cpu")
     return rows
 
 # %% ../nbs/95_submission.ipynb #b8d0e811
-def kit_data_fails(kit, tok) -> str:
-    "'' when the kit's `make_dataloader` gives a first batch (one row of 8 tokens), else why not, in one line."
+def kit_data_fails(kit, tok, streams: bool = False) -> str:
+    """'' when the kit's `make_dataloader` (`streams`: its `_document_batches`) gives a first batch (one row of 8
+    tokens), else why not, in one line."""
     try:
-        next(iter(kit.make_dataloader(tok, 1, 8, "train", "cpu")))
+        if streams: next(iter(StreamRows(kit._document_batches("train", 0, 1, 128), tok.encode,
+                                         tok.get_bos_token_id(), 1, 8, 1)))
+        else: next(iter(kit.make_dataloader(tok, 1, 8, "train", "cpu")))
         return ""
     except Exception as e:
         return f"{type(e).__name__}: {first_line(e)}"
@@ -85,6 +94,16 @@ def kit_scorer(kit, tok):
     return score
 
 # %% ../nbs/95_submission.ipynb #94815cd7
+def _rows_line(streams: bool, from_kit: bool, kit, data) -> str:
+    "The first lines' word on where the training rows come from."
+    what = "stream rows (K82s4's layout)" if streams else "best-fit rows"
+    reader = "_document_batches" if streams else "make_dataloader"
+    if from_kit: return f"training rows: {what} of the kit's documents (its {reader})"
+    why = "" if kit is None else (" (the kit's prepare.py has no _document_batches)" if streams
+                                  and not hasattr(kit, "_document_batches") else "")
+    return f"training rows: {what} of the shards in {data}{why}"
+
+# %% ../nbs/95_submission.ipynb #754fc0f4
 # What `export` bakes into the submission (these lines are rewritten in train.py; here they are the package's defaults).
 CONFIG = "cpu-tiny"
 RECIPE = None
@@ -122,10 +141,13 @@ def submission_main(argv=None) -> int:
     from_kit = kit_tokenizer(kit) if kit is not None else None
     if lead and kit is not None and from_kit is None: print("the kit's tokenizer failed to load: the bundled one")
     budget = a.budget or float(getattr(kit, "TRAIN_TIME_BUDGET_SECONDS", COMPETITION_BUDGET_S)) - BUDGET_MARGIN_S
-    use_kit_data = from_kit is not None and hasattr(kit, "make_dataloader") and a.data is None
-    if use_kit_data and (why := kit_data_fails(kit, from_kit[0])):   # fall back before training, not during it
+    streams = resolve(CONFIG, RECIPE, (*SETS, *a.sets))[1].rows == "streams"
+    reader = "_document_batches" if streams else "make_dataloader"   # K82s4's stream rows read the kit's documents
+    use_kit_data = from_kit is not None and hasattr(kit, reader) and a.data is None
+    if use_kit_data and (why := kit_data_fails(kit, from_kit[0], streams)):   # fall back before training, not in it
         use_kit_data = False
-        if lead: print(f"the kit's make_dataloader failed ({why}): the shards in {DATA_DIR}")
+        if lead: print(f"the kit's {reader} failed ({why}): the shards in {DATA_DIR}")
+    if lead and not a.quiet: print(_rows_line(streams, use_kit_data, kit, a.data or DATA_DIR))
     try:
         # the organisers' runner: charged from the completion of the excluded steps, start-up past the cap charged
         spec = RunSpec(CONFIG, Path(a.data or DATA_DIR).expanduser(), Path(a.out).expanduser(),

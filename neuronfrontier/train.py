@@ -58,17 +58,18 @@ def autocast(device: torch.device, dtype: str):
 # %% ../nbs/30_train.ipynb #b61b795d
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None,
                parallel: DataParallel | None = None, lr_scale: float = 1.0, poison: bool = False,
-               step: int | None = None) -> torch.Tensor:
+               step: int | None = None, full_batches: float | None = None) -> torch.Tensor:
     """One optimiser step at budget fraction `frac` over the micro-batches `batch_phase` gives (`grad_accum` outside a
     batch warm-up) from `batches`, the gradients synchronised and clipped by `parallel` (default: one process); returns
     this rank's mean loss (a device tensor; with multi-token weights, per unit of weight: comparable to the
     next-token loss and to ln V, which the guard reads).
     `lr_scale`: what rollbacks have lowered the learning rate to; `poison`:
-    make the loss NaN (`NF_FAULT=nan@N`); `step`: the step's index (0 first), for schedules counted in steps."""
+    make the loss NaN (`NF_FAULT=nan@N`); `step`: the step's index (0 first), for schedules counted in steps;
+    `full_batches`: the micro-batches done before it / `grad_accum`, for a momentum ramp counted in full batches."""
     parallel = parallel or DataParallel()
     loss_fn = loss_fn or model.loss
     accum, phase_lr = batch_phase(tcfg, frac, step)
-    apply_schedule(opts, tcfg, frac, lr_scale * phase_lr, step)
+    apply_schedule(opts, tcfg, frac, lr_scale * phase_lr, step, full_batches)
     mtp = mtp_weights_at(tcfg, frac)   # a tensor whenever set, to the end: one compiled graph for every stage
     extra = {} if mtp is None else {"mtp": torch.tensor(mtp, device=device)}
     total = torch.zeros((), device=device)
@@ -559,9 +560,11 @@ def loop(
             # the step
             started_ns = clock.now_ns()
             loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
-                                run.lr_scale, poison=run.faults.nan_at == state["step"] + 1, step=state["step"])
+                                run.lr_scale, poison=run.faults.nan_at == state["step"] + 1, step=state["step"],
+                                full_batches=state["tokens"] / run.tokens_per_step)
             run.nonfinite |= ~torch.isfinite(loss_t)
-            if run.ema is not None: run.ema.after_step(run.model, state["step"])   # from step 0 (see 29_averaging)
+            if run.ema is not None: run.ema.after_step(run.model, state["step"])   # see 29_averaging
+            state["frac"] = frac   # the last step's place in the schedule: `finish` reads its rate
             waits["queued"] += 1
             logged = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
             # its time: the device is waited for only where a decision needs finished work (log steps, and every step
@@ -686,7 +689,9 @@ def finish(
 ) -> dict:
     "Check the weights, blend in their EMA, save, evaluate (sharded over ranks), write `result.json`; returns its dict."
     _last_finite(run, status)
-    raw = blend_for_save(run.ema, run.model, run.tcfg.ema_blend, status, run.say)   # final.pt and the score: the blend
+    t = run.tcfg   # K82s4: a run that ends at a rate above ema_pure_above saves the EMA alone
+    pure = bool(t.ema_pure_above) and lr_multiplier(run.state.get("frac", 1.0), t) > t.ema_pure_above
+    raw = blend_for_save(run.ema, run.model, t.ema_blend, status, run.say, pure)   # final.pt and the score: the blend
     save_checkpoints(run, resume_sd=raw)   # resume.pt: the weights as trained, which a resumed run goes on from
     # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
     if clock.mode == "competition": saved_at_s = clock.charged_now_ns() / 1e9

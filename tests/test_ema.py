@@ -27,17 +27,17 @@ def _nudge(net):
 
 def test_the_average_after_k_updates_is_the_lerp_formula_and_updates_come_every_ema_every_steps():
     net, d, every = _net(), 0.97, 3
-    ema = WeightEma(net, d, every)
+    ema = WeightEma(net, d, every, prewarm=1)
     ref = {n: p.detach().clone() for n, p in net.named_parameters()}
     for step in range(11):
         _nudge(net)
         before = {n: w.clone() for n, w in ema.state_dict()["weights"].items()}
         ema.after_step(net, step)
-        if step % every:   # no update: the average is untouched
+        if (step + 1) % every and step != 0:   # no update: the average is untouched
             assert all(torch.equal(before[n], w) for n, w in ema.state_dict()["weights"].items()), step
             continue
         for n, p in net.named_parameters(): ref[n] = d ** every * ref[n] + (1 - d ** every) * p.detach()
-    assert ema.updates == 4   # steps 0, 3, 6, 9
+    assert ema.updates == 4   # after steps 0 (the prewarm), 2, 5, 8: K82s4's 3, 31, 63, ... at every 32
     for n, w in ema.state_dict()["weights"].items(): torch.testing.assert_close(w, ref[n])
 
 
@@ -67,7 +67,7 @@ def test_a_resumed_average_goes_on_as_the_same_average():
     torch.save(dict(state), buf)
     buf.seek(0)
     b = ema_for(net, TrainConfig(ema_every=2, ema_decay=0.95), torch.load(buf, weights_only=True))
-    assert b.updates == a.updates == 3
+    assert b.updates == a.updates == 2   # after steps 1 and 3
     for step in range(5, 9):
         _nudge(net)
         a.after_step(net, step)

@@ -94,6 +94,7 @@ def _repeating_forward(self, x, cos, sin, ve=None):
     q = self.wq(x).view(B, T, self.n_heads, self.d_head)
     k, v = (w(x).view(B, T, self.n_kv_heads, self.d_head) for w in (self.wk, self.wv))
     if self.q_norm is not None: q, k = self.q_norm(q), self.k_norm(k)
+    if self.qk_gain != 1: q = q * self.qk_gain
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if self.slow_from is not None: k = offset_keys(k, self.slow_from)
     if self.n_kv_heads < self.n_heads:
@@ -332,6 +333,11 @@ def test_adamw_betas_and_decay_by_role():
     by = {g["role"]: (g["betas"] if "betas" in g else adam.defaults["betas"], g["weight_decay"])
           for g in adam.param_groups}
     assert by["embed"] == ((0.8, 0.995), 0.001) and by["head"] == ((0.8, 0.96), 0.01)
-    assert by["scalar"] == ((0.9, 0.95), 0.0) and by["resid"] == ((0.8, 0.95), 0.0)
+    # K82s4's one scalar group: residual, x0 and value-embedding mix at one rate, betas (0.9, 0.95), no decay
+    assert by["scalar"] == by["resid"] == by["x0"] == ((0.9, 0.95), 0.0)
+    assert len({g["lr"] for g in adam.param_groups if g["role"] in ("scalar", "resid", "x0")}) == 1
+    k, tk = resolve("cpu-micro", "kit")
+    kit = {g["role"]: g.get("betas", (tk.beta1, tk.beta2)) for g in build_optimizers(GPT(k), tk, False)[-1].param_groups}
+    assert kit["resid"] == (0.8, 0.95)   # a role adam_groups does not name: beta1, beta2
     with pytest.raises(ValueError, match="adam_groups: 'embed:0.8' is not 'role:beta1:beta2:decay'"):
         resolve("cpu-micro", "kit", ["adam_groups=embed:0.8"])

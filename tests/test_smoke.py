@@ -67,7 +67,7 @@ def _averaging(data):
     from neuronfrontier.averaging import WeightEma
     m = _micro()
     ema = WeightEma(m, 0.99, 32)
-    ema.after_step(m, 0)
+    ema.after_step(m, 31)
     assert ema.updates == 1 and ema.finite()
 
 
