@@ -24,7 +24,7 @@ BUNDLED = ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model
            "phases", "clock", "distributed", "evaluate", "batches", "checkpoint", "spikes", "averaging", "train",
            "flags", "submission")
 # what train.py runs, what the scorer calls, and what the rehearsal drives besides (a kernel that fails must raise)
-ROOTS = (("submission", "submission_main"), ("checkpoint", "load_for_eval"), ("ops", "set_fallback"))
+ROOTS = (("submission", "run_submission"), ("checkpoint", "load_for_eval"), ("ops", "set_fallback"))
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
     return {
@@ -635,7 +635,7 @@ def bundle(
         doc = mods[m].doc.strip().splitlines()[0] if mods[m].doc.strip() else ""
         parts.append(f"\n{_RULE}\n# {PKG}.{m} (nbs/{mods[m].notebook}.ipynb): {doc}\n{_RULE}")
         parts += [_emit(mods[m], st, res, final, overrides) for st in sts]
-    parts.append(f'\n{_RULE}\n{_STANDIN_OFF}\n\nif __name__ == "__main__":\n    raise SystemExit({final[ROOTS[0]]}())')
+    parts.append(f'\n{_RULE}\n{_STANDIN_OFF}\n\nif __name__ == "__main__":\n    {final[ROOTS[0]]}()')
     src = "\n\n".join(p for p in parts if p is not None) + "\n"
     if len(src.encode()) >= PORTAL_FILE_BYTES: src = strip_docstrings(src)   # comments kept
     _verify(src)

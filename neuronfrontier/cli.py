@@ -715,4 +715,7 @@ def _main(argv=None) -> int:
         return 130
 
 if __name__ == "__main__" and "__file__" in globals():
-    sys.exit(main())  # `python -m neuronfrontier.cli`, what torchrun starts in each process (not this notebook)
+    # `python -m neuronfrontier.cli`, what torchrun starts in each process (not this notebook): the rank leaves its
+    # process groups and ends with its own code, without finalizing the interpreter (27_distributed)
+    from neuronfrontier.distributed import run_then_exit
+    run_then_exit(main)

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields, replace, MISSING
 # %% auto #0
 __all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
            'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'pad_to', 'grouped', 'setting_fields', 'setting_groups',
-           'ShapeSettings', 'ArchSettings', 'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings',
-           'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'ExecutionSettings', 'ClockSettings',
-           'EvalSettings', 'ResilienceSettings', 'AveragingSettings', 'TrainConfig', 'validate_train', 'rank_batch',
-           'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict']
+           'ShapeSettings', 'ArchSettings', 'InitSettings', 'MoESettings', 'ModelConfig', 'BatchSettings',
+           'OptimizerSettings', 'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'ExecutionSettings',
+           'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'AveragingSettings', 'TrainConfig', 'validate_train',
+           'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict']
 
 # %% ../nbs/01_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -125,8 +125,13 @@ class ArchSettings:
                                # angle (radians; the slow channels) come from the previous position; 0 = off
     window_pattern: str = "L"  # attention window per layer, repeating: L = the whole context, S = half of seq_len;
                                # the last layer always sees the whole context (the kit: 'SSSL')
-    init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
     embed_dtype: str = "fp32"  # 'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: bf16)
+
+# %% ../nbs/01_config.ipynb #c19a6837
+@dataclass
+class InitSettings:
+    "The initial weights: the block matrices' distribution and the scales K82s4 sets apart (notebook 06_model)."
+    init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
     wte_std: float = 1.0       # the token embedding's init N(0, wte_std²) (K82s4: 0.8)
     mlp_up_init: float = 1.0   # the MLP up-projection's init × this (K82s4: 0.4, i.e. U(±0.4·√3·d^-½))
     ve_std: float = 0.0        # the value-embedding tables' init N(0, ve_std²) (K82s4: 1); 0: as the block matrices
@@ -149,13 +154,14 @@ class MoESettings:
     moe_layers: str = "all"               # which layers are MoE: 'all', 'k:' (layer k onward) or 'i,j,...'
 
 # %% ../nbs/01_config.ipynb #833eb409
-@grouped(shape=ShapeSettings, arch=ArchSettings, moe=MoESettings)
+@grouped(shape=ShapeSettings, arch=ArchSettings, inits=InitSettings, moe=MoESettings)
 @dataclass(init=False)
 class ModelConfig:
-    """The GPT: its shape, architecture switches and experts; any setting by its name too (`cfg.d_model` is
-    `cfg.shape.d_model`). Every width is a multiple of 128 (see `validate`)."""
+    """The GPT: its shape, architecture switches, initial weights and experts; any setting by its name too
+    (`cfg.d_model` is `cfg.shape.d_model`). Every width is a multiple of 128 (see `validate`)."""
     shape: ShapeSettings = field(default_factory=ShapeSettings)
     arch: ArchSettings = field(default_factory=ArchSettings)
+    inits: InitSettings = field(default_factory=InitSettings)
     moe: MoESettings = field(default_factory=MoESettings)
 
     @property

@@ -13,7 +13,7 @@ from .bundler import scan_imports, PORTAL_FILE_BYTES
 # %% auto #0
 __all__ = ['CHECK_TOL', 'NA', 'EXPORT_MARK', 'KIT_RUN_BUDGET_S', 'KIT_RUN_EVAL_TOKENS', 'KIT_RUN_TIMEOUT_S',
            'KIT_RUN_MAX_STEP_FLOPS', 'MAX_FILE_BYTES', 'CHECKS', 'check_launch', 'baked', 'launch_shape', 'is_export',
-           'last_error', 'kit_run', 'kit_paths', 'check', 'check_passed', 'check_table']
+           'last_error', 'teardown_abort', 'kit_run', 'kit_paths', 'check', 'check_passed', 'check_table']
 
 # %% ../nbs/97_contract.ipynb #468ddcd3
 def check_launch(text: str) -> tuple[bool, str]:
@@ -314,6 +314,18 @@ def last_error(stderr: str) -> str:
     return (lines or ["no output"])[-1][:200]
 
 # %% ../nbs/97_contract.ipynb #41f81ab2
+def teardown_abort(stderr: str, ck: Path, t0: float) -> str:
+    """Why a failed run lost its score in its last moment ('' when it did not): `ck` (out/final.pt) was written after
+    `t0`, and a rank then aborted (torchrun's summary says SIGABRT, or the C++ runtime's 'terminate called')."""
+    if not (ck.is_file() and ck.stat().st_mtime >= t0): return ""
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", stderr, re.S)
+    if not ("terminate called" in stderr or "SIGABRT" in stderr or (m and m[2] in ("-6", "134"))): return ""
+    who = f"rank {m[1]}" if m else "a rank"
+    return (f"{who} aborted after final.pt was written: teardown (a finalizer at interpreter exit, such as a gloo "
+            f"worker's, ended it; the organisers count it a crash); leave the process groups and end each rank with "
+            f"os._exit after the atexit handlers (neuronfrontier.distributed.run_then_exit)")
+
+# %% ../nbs/97_contract.ipynb #8d9ad18e
 def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | None]:
     """Run the submission in `sub_dir` as the organisers do, in the scratch directory `work`: the stand-in prepare.py
     beside train.py, the launch line with no flags. Returns (passed, or NA; why; the out/final.pt it wrote or None)."""
@@ -338,7 +350,8 @@ def kit_run(sub_dir, data, tokenizer, work) -> tuple[bool | str, str, Path | Non
         return False, (f"{shape}: still running after {KIT_RUN_TIMEOUT_S} s with a {KIT_RUN_BUDGET_S:g} s budget: "
                        f"stop at {KIT_MODULE}.TRAIN_TIME_BUDGET_SECONDS"), None
     ck = work / "sub" / "out" / "final.pt"
-    if r.returncode: return False, f"{shape}: exit {r.returncode}: {last_error(r.stderr)}", None
+    why = teardown_abort(r.stderr, ck, t0) or last_error(r.stderr)
+    if r.returncode: return False, f"{shape}: exit {r.returncode}: {why}", None
     if not ck.is_file(): return False, f"{shape}: exit 0 without out/final.pt, the file the organisers score", None
     return (*_judge_run(work / "steps.log", ck, t0, ranks, shape, r.stdout), ck)
 

@@ -5,19 +5,21 @@ that owns gradient synchronisation, clipping and consolidated checkpoints."""
 
 # %% ../nbs/27_distributed.ipynb #221377d5
 from __future__ import annotations
-import os
+import atexit, gc, os, sys, traceback
 import torch
 import torch.distributed as dist
 from .moe import (check_ep, expert_parallel, expert_groups, expert_shards, ep_sync_grads,
                                 ep_clip_grad_norm_, gather_experts, ep_consolidated, ep_shard_optimizer_states)
 from .clock import pick_device
+from .config import first_line
 from .model import GPT
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 # %% auto #0
 __all__ = ['OWNER_STATE', 'dist_backend', 'env_world', 'init_distributed', 'rank_rows', 'agree_max', 'average_gradients',
-           'DataParallel', 'ExpertParallel', 'parallelize', 'full_state', 'ShardedDataParallel', 'shard_model']
+           'DataParallel', 'ExpertParallel', 'parallelize', 'full_state', 'ShardedDataParallel', 'shard_model',
+           'leave_groups', 'exit_process', 'run_then_exit']
 
 # %% ../nbs/27_distributed.ipynb #4318535d
 def dist_backend(device: torch.device) -> str:
@@ -171,3 +173,52 @@ def shard_model(model, world: int) -> ShardedDataParallel:
     fully_shard(model)
     register_fsdp_forward_method(model, "loss")   # the trainer's entry point, besides forward
     return ShardedDataParallel(world)
+
+# %% ../nbs/27_distributed.ipynb #b9e9b4d2
+def leave_groups(ctrl=None) -> str:
+    """Leave torch.distributed in order: what finished collectives still hold is collected, then the host-side control
+    group `ctrl` is destroyed, then the default group with every other. Returns '' when done (or when there is no
+    group), else why not, in one line; never raises (a rank that trained and saved must not fail here)."""
+    if not (dist.is_available() and dist.is_initialized()): return ""
+    try:
+        gc.collect()   # Work objects and the tensors they hold go while their group still exists
+        if ctrl is not None: dist.destroy_process_group(ctrl)
+        dist.destroy_process_group()   # the default group, and any group still left
+        return ""
+    except Exception as e:
+        return f"leaving the process group failed ({type(e).__name__}: {first_line(e)}); the exit code stands"
+
+# %% ../nbs/27_distributed.ipynb #f7709b8b
+def exit_process(code: int = 0):
+    """End this process with `code` without finalizing the interpreter: the registered `atexit` handlers run first,
+    stdout and stderr are flushed, then `os._exit`. Never returns."""
+    try: atexit._run_exitfuncs()   # the organisers' prepare.py keeps its own clean-up
+    except BaseException as e: print(f"an exit handler failed: {type(e).__name__}: {first_line(e)}", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try: stream.flush()
+        except (OSError, ValueError): pass   # a reader gone: nothing more can be said
+    os._exit(code)
+
+# %% ../nbs/27_distributed.ipynb #f096dca8
+def _exit_code(code) -> int:
+    "A process exit code as Python gives one for `SystemExit(code)`: None is 0; any non-integer is printed, then 1."
+    if code is None: return 0
+    if isinstance(code, bool) or not isinstance(code, int):
+        print(code, file=sys.stderr)
+        return 1
+    return code
+
+def run_then_exit(main, *args):
+    """Run `main(*args)` as the process's whole life, leave the process group (`leave_groups`), and end the process
+    (`exit_process`) with main's exit code: its return value, a `SystemExit`'s code, 130 for Ctrl-C, or 1 with the
+    traceback for any other exception. Never returns."""
+    try: code = _exit_code(main(*args))
+    except SystemExit as e: code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if why := leave_groups(): print(why, file=sys.stderr)
+    exit_process(code)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse, sys
 from pathlib import Path
 from .clock import process_start_ns, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
-from .distributed import env_world
+from .distributed import env_world, run_then_exit
 from .train import RunSpec, train
 from .config import first_line, resolve
 from .data import StreamRows
@@ -19,7 +19,7 @@ from .checkpoint import load_for_eval
 __all__ = ['KIT_DATA_DIR', 'KIT_TOKENIZER_DIR', 'COMPETITION_BUDGET_S', 'BUDGET_MARGIN_S', 'KIT_MODULE', 'KIT_REQUIRED',
            'ALLOWED_NPROC', 'ALLOWED_LNC', 'ALLOWED_PACKAGES', 'NEURON_PACKAGES', 'CONFIG', 'RECIPE', 'SETS',
            'DATA_DIR', 'TOKENIZER_DIR', 'OUT_DIR', 'load_kit', 'kit_tokenizer', 'kit_rows', 'kit_data_fails',
-           'kit_scorer', 'submission_main']
+           'kit_scorer', 'submission_main', 'run_submission']
 
 # %% ../nbs/95_submission.ipynb #b3bbb388
 KIT_DATA_DIR = "~/.cache/autoresearch/data"            # the kit's parquet shards (autoresearch `prepare.py`)
@@ -175,3 +175,8 @@ def submission_main(argv=None) -> int:
     score = scored.get("val_bpb", r["val_bpb"])
     print(f"checkpoint: {r['checkpoint']}\nval_bpb={float('nan') if score is None else score:.4f}")
     return 0 if r["status"] == "completed" else 1
+
+# %% ../nbs/95_submission.ipynb #a76d7191
+def run_submission():
+    "What `train.py` runs under `__main__`: `submission_main`, then the process ends with its code (`run_then_exit`)."
+    run_then_exit(submission_main)

@@ -18,7 +18,7 @@ from .optim import build_optimizers, lr_multiplier, apply_schedule, local_shard
 from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
 from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
-from .distributed import init_distributed, agree_max, DataParallel, parallelize
+from .distributed import init_distributed, agree_max, DataParallel, parallelize, leave_groups
 from .batches import Prefetcher, _training_rows
 from .phases import batch_phase, mtp_weights_at
 from .spikes import guard_warm_up
@@ -63,9 +63,8 @@ def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, los
     batch warm-up) from `batches`, the gradients synchronised and clipped by `parallel` (default: one process); returns
     this rank's mean loss (a device tensor; with multi-token weights, per unit of weight: comparable to the
     next-token loss and to ln V, which the guard reads).
-    `lr_scale`: what rollbacks have lowered the learning rate to; `poison`:
-    make the loss NaN (`NF_FAULT=nan@N`); `step`: the step's index (0 first), for schedules counted in steps;
-    `full_batches`: the micro-batches done before it / `grad_accum`, for a momentum ramp counted in full batches."""
+    `lr_scale`: what rollbacks have lowered the learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`);
+    `step`: its index (0 first); `full_batches`: micro-batches done before it / `grad_accum` (a ramp in batches)."""
     parallel = parallel or DataParallel()
     loss_fn = loss_fn or model.loss
     accum, phase_lr = batch_phase(tcfg, frac, step)
@@ -798,4 +797,4 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         return res
     finally:
         run.batches.close()
-        if run.owned: dist.destroy_process_group()
+        if run.owned and (why := leave_groups(run.ctrl)): print(why, file=sys.stderr)   # control group, then the rest
