@@ -2,7 +2,6 @@
 loadable final.pt; a finalizer that aborts at interpreter exit cannot take a rank down; a rank that fails on purpose
 exits with its own code and reason; `check`'s kit run names a teardown abort (nbs/27_distributed, nbs/97_contract)."""
 import sys
-from pathlib import Path
 
 import pytest
 
