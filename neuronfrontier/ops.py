@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'register', 'parse_backend', 'set_backend', 'backend_spec', 'pin_backends',
-           'use_backend', 'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op', 'rms_norm',
-           'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
+__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'TORCH_MODULES', 'register', 'parse_backend', 'set_backend', 'backend_spec',
+           'pin_backends', 'use_backend', 'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op',
+           'rms_norm', 'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
            'swiglu_torch', 'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced',
            'watched', 'backend_asked', 'fallbacks', 'set_fallback', 'set_kernel_importer', 'isolated']
 
@@ -102,12 +102,23 @@ def load_kernels():
                                           f"their ops run PyTorch")
 
 # %% ../nbs/03_ops.ipynb #c5a37fdc
+# the modules that register an op's `torch` backend, where it is not this one: imported the first time the op needs it
+# (as the kernel modules are), so every op runs right after `from neuronfrontier import ops`
+TORCH_MODULES = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
+
+def _torch_impl(op: str):
+    "OP's `torch` implementation, its module (`TORCH_MODULES`) imported the first time it is asked for."
+    if "torch" not in _IMPLS[op] and op in TORCH_MODULES: importlib.import_module(TORCH_MODULES[op])
+    return _IMPLS[op].get("torch")
+
+# %% ../nbs/03_ops.ipynb #cfb4bc8b
 def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
     "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
     want = _state["spec"][op]
     dev = torch.device(device).type
     if want != "torch": load_kernels()
     if want == "auto": want = "nki" if dev == "neuron" and "nki" in _IMPLS[op] else "torch"
+    if want == "torch": _torch_impl(op)
     if want not in _IMPLS[op]:
         if warn: _warn_once((op, want), f"ops.{op}: no {want!r} implementation available; falling back to 'torch'")
         want = "torch"
@@ -126,16 +137,11 @@ def backend_table(device="cpu") -> dict[str, str]:
     return {op: backend_for(op, device, warn=False) for op in OPS}
 
 # %% ../nbs/03_ops.ipynb #33be5788
-# the modules that register an op's `torch` backend when they are imported, where it is not this one
-_TORCH_FROM = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
-
 def _call(op, first, *args, **kw):
     backend = backend_for(op, first.device)
-    impl = _IMPLS[op].get(backend)
-    if impl is None:
-        raise RuntimeError(
-            f"ops.{op}: no implementation registered yet; import {_TORCH_FROM.get(op, __name__)} first (the model does)"
-        )
+    impl = _torch_impl(op) if backend == "torch" else _IMPLS[op][backend]
+    if impl is None:   # only where a test took it away (`replaced({op: None})`)
+        raise RuntimeError(f"ops.{op}: no torch implementation is registered; register one with ops.register")
     if backend != "nki" or not _state["fallback"]: return impl(first, *args, **kw)
     try: return impl(first, *args, **kw)
     except Exception as e:   # a kernel that fails at any call (a shape or dtype the preflight did not see): PyTorch
@@ -143,7 +149,7 @@ def _call(op, first, *args, **kw):
         _state["fell_back"][op] = f"{type(e).__name__}: {e}"
         _warn_once(("failed", op), f"ops.{op}: the {backend} kernel failed ({type(e).__name__}: {e}); "
                                    f"PyTorch from here on")
-        return _IMPLS[op]["torch"](first, *args, **kw)
+        return _torch_impl(op)(first, *args, **kw)
 
 # %% ../nbs/03_ops.ipynb #4355f6cd
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
@@ -274,6 +280,7 @@ def window_mask(T: int, window: int, device=None) -> torch.Tensor:
 # %% ../nbs/03_ops.ipynb #42146675
 def implementations(op: str) -> dict[str, callable]:
     "The implementations registered for `op`, backend → function (a copy: change the table with `register`)."
+    _torch_impl(op)   # its torch one included, wherever it is registered
     return dict(_IMPLS[op])
 
 # %% ../nbs/03_ops.ipynb #be8f3751
@@ -299,7 +306,7 @@ def watched(ops: Iterable[str], record):
             record(op, args, kw)
             return fn(*args, **kw)
         return call
-    with replaced({op: watch(op, _IMPLS[op]["torch"]) for op in ops}): yield
+    with replaced({op: watch(op, _torch_impl(op)) for op in ops}): yield
 
 # %% ../nbs/03_ops.ipynb #e822b28e
 def backend_asked() -> dict[str, str]:

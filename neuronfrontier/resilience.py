@@ -5,15 +5,17 @@
 # %% ../nbs/25_resilience.ipynb #38f9b203
 from __future__ import annotations
 import contextlib, copy, math, signal, sys, threading, time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 import torch
 from . import ops
 from .config import first_line
 
 # %% auto #0
 __all__ = ['SLOW_AFTER_CALLS', 'SLOW_CALL_S', 'DEFAULT_TOL', 'SLOWER_SLACK', 'SAVE_BYTES_PER_S', 'Faults', 'parse_faults',
-           'faulty_impl', 'install_kernel_faults', 'capture_op_calls', 'check_op', 'preflight', 'preflight_line',
-           'HostSnapshot', 'time_limit', 'save_reserve_s']
+           'faulty_impl', 'install_kernel_faults', 'Wrappers', 'poison_step', 'slow_save', 'install_faults',
+           'capture_op_calls', 'check_op', 'preflight', 'preflight_line', 'HostSnapshot', 'time_limit',
+           'save_reserve_s']
 
 # %% ../nbs/25_resilience.ipynb #00f9a9b8
 @dataclass
@@ -101,6 +103,48 @@ def install_kernel_faults(faults: Faults) -> list[str]:
             if kind != "slow": pinned.append(op)
     ops.pin_backends({op: "nki" for op in pinned})
     return done
+
+# %% ../nbs/25_resilience.ipynb #860dfd6f
+def _same(fn): return fn
+
+@dataclass
+class Wrappers:
+    """What is wrapped, from outside the trainer, around its training step and its write of `final.pt`: each field
+    takes the function and returns the one to call (the identity unless `NF_FAULT` asks otherwise)."""
+    step: Callable = _same
+    save: Callable = _same
+    faults: Faults = field(default_factory=Faults)   # what was installed: result.json's record, read by nothing else
+
+# %% ../nbs/25_resilience.ipynb #ee65715d
+def poison_step(nan_at: int) -> Callable:
+    "NF_FAULT=nan@N: a step wrapper under which the step of index N − 1 (1-based step N) trains on a NaN loss."
+    def wrap(step_fn):
+        def poisoned(model, opts, batches, tcfg, frac, device, loss_fn=None, *args, step=None, **kw):
+            if step is not None and step + 1 == nan_at:
+                real = loss_fn or model.loss
+                loss_fn = lambda *a, **k: real(*a, **k) * float("nan")   # NaN gradients, then NaN weights
+            return step_fn(model, opts, batches, tcfg, frac, device, loss_fn, *args, step=step, **kw)
+        return poisoned
+    return wrap
+
+# %% ../nbs/25_resilience.ipynb #380ea94f
+def slow_save(seconds: float) -> Callable:
+    "NF_FAULT=slow-save:S: a save wrapper under which every write takes S seconds longer (a slow disk)."
+    def wrap(save_fn):
+        def slowed(*args, **kw):
+            time.sleep(seconds)
+            return save_fn(*args, **kw)
+        return slowed
+    return wrap
+
+# %% ../nbs/25_resilience.ipynb #359677db
+def install_faults(faults: Faults) -> Wrappers:
+    """Install `faults` (`parse_faults(NF_FAULT)`): the kernel stand-ins go into the ops table, a start-up delay is
+    slept now, and the step and save wrappers come back (`Wrappers()`, the identity, when none is asked for)."""
+    install_kernel_faults(faults)
+    if faults.startup_delay_s: time.sleep(faults.startup_delay_s)   # start-up that is slow: the clock already runs
+    return Wrappers(step=poison_step(faults.nan_at) if faults.nan_at else _same,
+                    save=slow_save(faults.slow_save_s) if faults.slow_save_s else _same, faults=faults)
 
 # %% ../nbs/25_resilience.ipynb #71718684
 DEFAULT_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}   # where a kernel module states no TOL of its own

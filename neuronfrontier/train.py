@@ -15,7 +15,7 @@ from .data import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256,
                                  val_batches, unigram_bpb)
 from .model import GPT
 from .optim import build_optimizers, lr_multiplier, apply_schedule, local_shard
-from .resilience import (parse_faults, install_kernel_faults, preflight, preflight_line,
+from .resilience import (parse_faults, install_faults, Wrappers, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
 from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
 from .distributed import init_distributed, agree_max, DataParallel, parallelize, leave_groups
@@ -57,13 +57,13 @@ def autocast(device: torch.device, dtype: str):
 
 # %% ../nbs/30_train.ipynb #b61b795d
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None,
-               parallel: DataParallel | None = None, lr_scale: float = 1.0, poison: bool = False,
+               parallel: DataParallel | None = None, lr_scale: float = 1.0,
                step: int | None = None, full_batches: float | None = None) -> torch.Tensor:
     """One optimiser step at budget fraction `frac` over the micro-batches `batch_phase` gives (`grad_accum` outside a
     batch warm-up) from `batches`, the gradients synchronised and clipped by `parallel` (default: one process); returns
     this rank's mean loss (a device tensor; with multi-token weights, per unit of weight: comparable to the
     next-token loss and to ln V, which the guard reads).
-    `lr_scale`: what rollbacks have lowered the learning rate to; `poison`: make the loss NaN (`NF_FAULT=nan@N`);
+    `lr_scale`: what rollbacks have lowered the learning rate to;
     `step`: its index (0 first); `full_batches`: micro-batches done before it / `grad_accum` (a ramp in batches)."""
     parallel = parallel or DataParallel()
     loss_fn = loss_fn or model.loss
@@ -77,7 +77,6 @@ def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, los
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, tcfg.dtype):
             loss = loss_fn(x, y, **extra) / accum
-        if poison: loss = loss * float("nan")   # a fault on purpose: NaN gradients, then NaN weights
         loss.backward()
         total += loss.detach()
     parallel.sync_grads(model)   # the gradient of the mean loss over all ranks
@@ -265,7 +264,7 @@ class Run:
     tokens_per_step: int          # over all ranks
     fpt: float                    # model FLOPs per token, for the MFU
     hwn: str                      # the `hw` entry the MFU is measured against
-    faults: object                # NF_FAULT, parsed (`resilience.parse_faults`)
+    around: Wrappers              # wrapped around the step and the save from outside (NF_FAULT; else the identity)
     place: RunPlace               # device, rank, world
     data: RunData                 # shards, tokenizer, batches
     progress: RunProgress = field(default_factory=RunProgress)   # filled in as the run goes
@@ -315,7 +314,7 @@ def setup(spec: RunSpec) -> Run:
     if lead and precision.warning: print(precision.warning, file=sys.stderr)
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
     ops.set_backend(tcfg.kernels)
-    install_kernel_faults(faults)   # NF_FAULT=kernel-error:OP / kernel-mismatch:OP: a failing nki implementation of OP
+    around = install_faults(faults)   # kernel stand-ins into the ops table; step and save wrappers (25_resilience)
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(spec.seed)
     model = GPT(mcfg).to(dev)
@@ -344,7 +343,7 @@ def setup(spec: RunSpec) -> Run:
         state=state, ema=ema_for(model, tcfg, state),   # the average lives in the checkpointed state
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
         tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
-        fpt=mcfg.flops_per_token(), hwn=hw_name(dev), faults=faults, precision=precision,
+        fpt=mcfg.flops_per_token(), hwn=hw_name(dev), around=around, precision=precision,
     )
 
 # %% ../nbs/30_train.ipynb #d8805852
@@ -406,8 +405,7 @@ def save_checkpoints(run: Run, model_only: bool = False, resume_sd: dict | None 
     if run.lead:
         state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
         ts = time.perf_counter()
-        if run.faults.slow_save_s: time.sleep(run.faults.slow_save_s)   # NF_FAULT=slow-save:S, a slow disk
-        save_model(run.ck_path, run.model, run.tcfg, sd)
+        run.around.save(save_model)(run.ck_path, run.model, run.tcfg, sd)
         run.save_s = time.perf_counter() - ts
         if not model_only: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, resume_sd or sd, opt_states)
     if run.world > 1: dist.barrier(group=run.ctrl)
@@ -533,6 +531,7 @@ def loop(
     run.nonfinite = torch.zeros((), dtype=torch.bool, device=dev)  # on the device: any non-finite loss since a read
     guard, metrics, (stop, restore) = _Guard(run), _Metrics(run, clock, bar), _stop_signals()
     last_ckpt, waits = time.perf_counter_ns(), {"queued": 0, "synced_ns": clock.charged_ns}
+    step_fn = run.around.step(train_step)   # the training step, as wrapped from outside (NF_FAULT=nan@N)
     try:
         while True:
             # before the step: one decision for all ranks, a periodic checkpoint, whether to stop
@@ -558,9 +557,8 @@ def loop(
                 frac = clock.fraction(watchdog.budget_ns, run.reserve_ns, min(state["last_step_ns"], left_ns) // 2)
             # the step
             started_ns = clock.now_ns()
-            loss_t = train_step(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
-                                run.lr_scale, poison=run.faults.nan_at == state["step"] + 1, step=state["step"],
-                                full_batches=state["tokens"] / run.tokens_per_step)
+            loss_t = step_fn(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
+                             run.lr_scale, step=state["step"], full_batches=state["tokens"] / run.tokens_per_step)
             run.nonfinite |= ~torch.isfinite(loss_t)
             if run.ema is not None: run.ema.after_step(run.model, state["step"])   # see 29_averaging
             state["frac"] = frac   # the last step's place in the schedule: `finish` reads its rate
@@ -646,7 +644,7 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
         "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path),
         # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
         "kernels": run.kernels, "backends": ops.backend_table(run.dev), "kernel_fallbacks": ops.fallbacks(),
-        "compile": run.compile_info, "faults": asdict(run.faults) if run.faults else None,
+        "compile": run.compile_info, "faults": asdict(run.around.faults) if run.around.faults else None,
         "ema": run.ema.report() if run.ema is not None else None,   # the weight average: updates, blend
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
         "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
@@ -765,7 +763,6 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         mode = spec.budget_mode or ("competition" if run.dev.type == "neuron" else
                                     "wall" if run.tcfg.charge_warmup else "charged")
         clock = Clock(run.dev, mode, _allowance_s(spec, mode), t0, spec.excluded_steps)
-        if run.faults.startup_delay_s: time.sleep(run.faults.startup_delay_s)   # NF_FAULT=startup-delay:S
         if run.tcfg.preflight: run.kernels = run_preflight(run)  # a kernel only if it runs, matches, is not slower
         run.say(
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "

@@ -125,3 +125,16 @@ def test_auto_chunk_size_and_online_lse():
     assert auto_chunk_size(5, 50304) == 5
     z = torch.randn(4, 777) * 20
     torch.testing.assert_close(online_logsumexp(z.split(100, 1)), torch.logsumexp(z, 1))
+
+
+def test_every_op_runs_right_after_importing_ops():
+    "In a fresh process, `from neuronfrontier import ops` alone runs the loss op and the expert op, with no warning."
+    import subprocess, sys
+    code = ("import torch\nfrom neuronfrontier import ops\n"
+            "h, W, t = torch.randn(10, 32), torch.randn(40, 32), torch.randint(0, 30, (10,))\n"
+            "ref = torch.nn.functional.cross_entropy(h @ W.T, t)\n"
+            "assert torch.allclose(ops.cross_entropy(h, W, t), ref, atol=1e-5)\n"
+            "x, wg, wu, wd = torch.randn(256, 16), torch.randn(2, 16, 8), torch.randn(2, 16, 8), torch.randn(2, 8, 16)\n"
+            "assert ops.moe_mlp(x, wg, wu, wd, torch.tensor([0, 1])).shape == (256, 16)\n")
+    r = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-800:]

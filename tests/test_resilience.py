@@ -256,3 +256,16 @@ def test_the_preflight_checks_the_multi_token_loss_the_run_calls():
     x = torch.randint(0, m.vocab_size, (1, m.seq_len))
     args, kw = capture_op_calls(GPT(m), x, x, ["cross_entropy"], contextlib.nullcontext(), {"mtp": mtp})["cross_entropy"]
     assert args[2].shape == (m.seq_len, 3) and torch.equal(kw["weights"], mtp)
+
+
+def test_faults_stay_outside_the_trainer():
+    """The trainer has no fault parameter and reads no fault: NF_FAULT's step and save faults are wrappers that
+    `install_faults` returns, and with NF_FAULT unset they are the identity."""
+    import dataclasses, inspect, re
+    from neuronfrontier import resilience as R
+    assert "poison" not in inspect.signature(T.train_step).parameters
+    fields = "|".join(f.name for f in dataclasses.fields(R.Faults))
+    assert not re.findall(rf"\.({fields})\b", inspect.getsource(T)), "the trainer reads a fault"
+    with ops.isolated():
+        none = R.install_faults(R.parse_faults(None))
+    assert none.step(T.train_step) is T.train_step and none.save(len) is len and not none.faults

@@ -1,6 +1,7 @@
-"""Where the code stands against issue 36's measures: settings per dataclass, module and function lengths, exported
-notebook cells, and who touches the ops dispatch table. Prints a table; exits 0 (a report: `tests/test_house.py` is
-the gate)."""
+"""Where the code stands against issue 36's measures (settings per dataclass, module and function lengths, exported
+notebook cells, who touches the ops dispatch table) and issue 52's (notebooks that share a number, what the trainer
+imports, exported cells followed by an example, the package's folders). Prints a table; exits 0 (a report:
+`tests/test_house.py` is the gate)."""
 import ast, json, re, sys
 from pathlib import Path
 
@@ -34,6 +35,38 @@ def exported_cells() -> list[int]:
     return out
 
 
+def example_share() -> tuple[int, int]:
+    "(exported code cells followed by a code cell that is not exported and has saved output, exported code cells)."
+    followed = total = 0
+    for nb in sorted((ROOT / "nbs").glob("*.ipynb")):
+        code = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+        exported = [bool(re.search(r"^#\|\s*export", "".join(c["source"]), re.M)) for c in code]
+        for i, c in enumerate(code):
+            if not exported[i]: continue
+            total += 1
+            followed += i + 1 < len(code) and not exported[i + 1] and bool(code[i + 1].get("outputs"))
+    return followed, total
+
+
+def shared_numbers() -> list[str]:
+    "Notebook numbers that more than one notebook carries ('29: averaging, batches')."
+    by = {}
+    for nb in sorted((ROOT / "nbs").glob("[0-9][0-9]_*.ipynb")): by.setdefault(nb.stem[:2], []).append(nb.stem[3:])
+    return [f"{n}: {', '.join(v)}" for n, v in by.items() if len(v) > 1]
+
+
+def package_imports(module: str) -> list[str]:
+    "The package modules `module` (a file under the package, 'trainer.py') imports, at any depth."
+    here = PKG / module
+    out = set()
+    for n in ast.walk(ast.parse(here.read_text())):
+        if isinstance(n, ast.ImportFrom) and n.level: out |= {n.module} if n.module else {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("neuronfrontier."):
+            out.add(n.module.removeprefix("neuronfrontier."))
+        elif isinstance(n, ast.ImportFrom) and n.module == "neuronfrontier": out |= {a.name for a in n.names}
+    return sorted(out)
+
+
 def measures() -> dict:
     "Each measure: (limit, worst, what is over the limit); `touch`: the modules besides ops that touch its table."
     skip = {"_modidx.py"}
@@ -57,6 +90,11 @@ def measures() -> dict:
                                [f"mean {mean:.1f}"] if mean > LIMITS["mean exported cell"] else []),
         "touch": sorted(m for m, s in mods.items() if m != "ops.py" and re.search(r"\bops\._(IMPLS|state)\b", s)),
         "cells": cells,
+        "shared numbers": shared_numbers(),
+        "examples": example_share(),
+        "trainer imports": package_imports("trainer.py" if (PKG / "trainer.py").exists() else "train.py"),
+        "folders": sorted(p.parent.name for p in PKG.glob("*/__init__.py")),
+        "top modules": sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "_modidx")),
     }
 
 
@@ -70,6 +108,12 @@ def main() -> int:
     print(f"{'exported cells':28s} {len(cells)} cells, {sum(c > 100 for c in cells)} over 100 lines, longest "
           f"{max(cells)}")
     print(f"{'modules touching ops._IMPLS/_state':34s} {len(m['touch'])}: {', '.join(m['touch']) or 'none'}")
+    print(f"{'notebooks sharing a number':34s} {len(m['shared numbers'])}: {'; '.join(m['shared numbers']) or 'none'}")
+    followed, total = m["examples"]
+    print(f"{'exported cells with an example':34s} {followed} of {total} ({followed / total:.0%})")
+    print(f"{'package modules the trainer imports':34s} {len(m['trainer imports'])}: {', '.join(m['trainer imports'])}")
+    print(f"{'folders; modules at the top':34s} {len(m['folders'])} ({', '.join(m['folders'])}); "
+          f"{len(m['top modules'])}")
     return 0
 
 
