@@ -36,7 +36,7 @@ sync-check: install
 # Static check of the exported library and the tests: unused imports (F401), undefined names (F821) and
 # redefinitions (F811). An exported function that uses a name only a notebook cell imports fails here.
 # Then the style of the library: no line over 120 characters, no `;` between statements (tools/lint_style.py),
-# and the bundler's rules over every module a submission bundles (notebook 96_bundler).
+# and the bundler's rules over every module a submission bundles (notebook 95_bundler).
 lint: install
 	$(BIN)/ruff check --select F401,F821,F811 neuronfrontier tests
 	$(BIN)/python tools/lint_style.py

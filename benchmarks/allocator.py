@@ -17,7 +17,7 @@ import json, resource, sys, torch
 from neuronfrontier.config import resolve
 from neuronfrontier.model import GPT
 from neuronfrontier.optim import build_optimizers
-from neuronfrontier.train import train_step, reuse_freed_memory
+from neuronfrontier.trainer import train_step, reuse_freed_memory
 if sys.argv[1] == "1": reuse_freed_memory()
 torch.set_num_threads(1)
 torch.manual_seed(0)

@@ -452,7 +452,7 @@ class UpdateCheck:
 
     def point(self, name: str, step: int, progress: float, done: int, feed) -> dict:
         """One phase point: sync, one step on each side on the next k micro-batches of `feed`, every comparison."""
-        from neuronfrontier.train import train_step
+        from neuronfrontier.trainer import train_step
         t0 = time.time()
         self.sync()
         self.run.at(step, progress, done)

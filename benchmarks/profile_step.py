@@ -38,7 +38,7 @@ def main(argv=None):
     from neuronfrontier.config import resolve
     from neuronfrontier.data import prepare, find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.model import GPT
-    from neuronfrontier.train import train_step
+    from neuronfrontier.trainer import train_step
     from neuronfrontier.batches import Prefetcher
     from neuronfrontier.precision import choose_precision
     from dataclasses import replace

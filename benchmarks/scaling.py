@@ -12,7 +12,7 @@ own warm-down), seed 0, the embedded corpus (`data/cache/pydocs`, prepared when 
 core). One `neuronfrontier sweep` per step count under `--out` (`neuronfrontier.sweep.run_sweep`), one run at a
 time on one thread: run the same command again to resume.
 
-The results file (`--results`, default `nbs/results/scaling_fit.json`, read by notebook `94_plan`) holds `meta`
+The results file (`--results`, default `nbs/results/scaling_fit.json`, read by notebook `93_plan`) holds `meta`
 (command, date, machine label, commit, what N means), `rows` (one per grid run: width, steps, N, D, C, val_bpb,
 tok/s) and `holdout`: `predict` writes the prediction (the fit's val_bpb and its error bar, with the fit it came
 from) before `holdout` trains the run and adds the measurement; `holdout` refuses to run without a prediction.

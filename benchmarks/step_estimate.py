@@ -14,7 +14,7 @@ from pathlib import Path
 from neuronfrontier.config import resolve
 from neuronfrontier.cost import step_estimate, torch_work
 from neuronfrontier.phases import mtp_targets
-from neuronfrontier.train import rank_batch
+from neuronfrontier.trainer import rank_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = ("<!-- step-estimate: python benchmarks/step_estimate.py --readme -->", "<!-- /step-estimate -->")

@@ -130,7 +130,7 @@ class ArchSettings:
 # %% ../nbs/01_config.ipynb #c19a6837
 @dataclass
 class InitSettings:
-    "The initial weights: the block matrices' distribution and the scales K82s4 sets apart (notebook 06_model)."
+    "The initial weights: the block matrices' distribution and the scales K82s4 sets apart (notebook 08_model)."
     init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
     wte_std: float = 1.0       # the token embedding's init N(0, wte_std²) (K82s4: 0.8)
     mlp_up_init: float = 1.0   # the MLP up-projection's init × this (K82s4: 0.4, i.e. U(±0.4·√3·d^-½))
@@ -140,7 +140,7 @@ class InitSettings:
 # %% ../nbs/01_config.ipynb #a44382b5
 @dataclass
 class MoESettings:
-    "Mixture of experts (notebook 05_moe); n_experts = 0: every layer has the dense MLP."
+    "Mixture of experts (notebook 07_moe); n_experts = 0: every layer has the dense MLP."
     n_experts: int = 0                    # routed experts in each MoE layer
     top_k: int = 2                        # experts each token is routed to
     d_expert: int = 512                   # SwiGLU hidden width of one expert (routed or shared)
@@ -426,7 +426,7 @@ class ObjectiveSettings:
 class ExecutionSettings:
     "How the step runs on the device: kernels, precision, compilation, sharding."
     kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
-    dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 02_precision),
+    dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 04_precision),
                                 # 'bf16' (autocast forward and backward) or 'fp32'
     compile: bool | None = None  # torch.compile the loss path (during the warm-up); None: on Neuron only
     preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
@@ -456,20 +456,20 @@ class EvalSettings:
 # %% ../nbs/01_config.ipynb #aaf5a0b8
 @dataclass
 class ResilienceSettings:
-    "A run that never loses its checkpoint (notebook 30_train): snapshots and rollbacks."
+    "A run that never loses its checkpoint (notebook 36_trainer): snapshots and rollbacks."
     snapshot_every: int = 50      # steps between host copies of the last finite weights and optimizer state (0: none)
     max_rollbacks: int = 3        # rollbacks to the last finite state before the run stops with it
     rollback_lr_factor: float = 0.5  # learning rate multiplied by this at each rollback
     explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
     spike_guard_steps: int = 0    # > 0: the warm-up runs the first steps and re-draws the initialisation while they
-                                  # take the spike path (29_spikes); 0 = off
+                                  # take the spike path (35_spikes); 0 = off
     spike_guard_rise: float = 0.2 # ... a loss after step 3 this many nats above the lowest before it
     spike_guard_tries: int = 2    # ... at most this many re-draws
 
 # %% ../nbs/01_config.ipynb #2d34b42a
 @dataclass
 class AveragingSettings:
-    "An average of the weights along the run, blended into the weights that are saved and scored (29_averaging)."
+    "An average of the weights along the run, blended into the weights that are saved and scored (32_averaging)."
     ema_every: int = 0            # steps between updates of the exponential moving average (EMA; 0: none)
     ema_decay: float = 0.99       # the EMA's decay per step: an update every k steps decays it by ema_decay^k
     ema_blend: float = 0.6        # the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights
@@ -617,7 +617,7 @@ TRAIN_DEFAULTS: dict[str, TrainConfig] = {
     "trn2-124m": TrainConfig(batch_size=8, global_batch_tokens=262_144, eval_seq_len=1024),
 }
 
-# the MoE presets follow their dense backbones (notebook 05_moe)
+# the MoE presets follow their dense backbones (notebook 07_moe)
 CONFIGS["moe-180m"] = replace(CONFIGS["dense-124m"], n_experts=8, top_k=2, d_expert=640)
 CONFIGS["cpu-tiny-moe"] = replace(CONFIGS["cpu-tiny"], n_experts=8, top_k=2, d_expert=384)
 TRAIN_DEFAULTS["moe-180m"] = replace(TRAIN_DEFAULTS["dense-124m"])

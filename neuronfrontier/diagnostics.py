@@ -39,7 +39,7 @@ def qk_norm_experiment(data_dir, steps: int = 200, seed: int = 0, every: int = 1
     "Train `config` with the frontier recipe, with and without QK-norm; record loss and max attention logit."
     from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.optim import build_optimizers
-    from neuronfrontier.train import train_step
+    from neuronfrontier.trainer import train_step
 
     train_paths, _ = find_shards(data_dir)
     enc, _ = load_tokenizer(Path(data_dir) / "tokenizer")

@@ -329,7 +329,7 @@ def test_a_run_stopped_before_its_first_step_is_stopped_not_failed(pydocs, tmp_p
 
 def test_ablation_check_steps_the_schedule_by_budget_fraction(pydocs, monkeypatch):
     "`train_step` takes the fraction of the run done (it applies the schedule itself), not an lr multiplier."
-    import neuronfrontier.train as T
+    import neuronfrontier.trainer as T
     fracs, real = [], T.train_step
     monkeypatch.setattr(T, "train_step", lambda *a, **k: fracs.append(a[4]) or real(*a, **k))
     ok, out = _check_ablation(pydocs, steps=4)

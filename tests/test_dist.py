@@ -57,7 +57,7 @@ def test_two_processes_match_one_process_and_score_the_same(pydocs, straight):
 
 _SLOW_RANK = """
 import json, os, sys, time
-import neuronfrontier.train as T
+import neuronfrontier.trainer as T
 rank, real = int(os.environ["RANK"]), T.train_step
 def step(*a, **k):
     if rank == 1: time.sleep(0.15)  # rank 1 is slower at every step

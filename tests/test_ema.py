@@ -4,7 +4,7 @@ import io, json
 import pytest
 import torch
 from torch import nn
-import neuronfrontier.train as T
+import neuronfrontier.trainer as T
 from neuronfrontier.averaging import WeightEma, ema_for, blend_for_save
 from neuronfrontier.config import CONFIGS, TrainConfig, resolve
 from neuronfrontier.model import GPT

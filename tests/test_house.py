@@ -77,3 +77,9 @@ def test_a_bad_environment_default_is_one_line(monkeypatch, capsys):
     monkeypatch.setenv("NF_SEED", "abc")
     with pytest.raises(SystemExit) as e: submission.submission_main(["--steps", "1"])
     assert e.value.code == 2 and "argument --seed: invalid int value: 'abc'" in capsys.readouterr().err
+
+
+def test_notebook_numbers_give_the_reading_order():
+    "No two notebooks share a number, and the library's trainer is not named like the exported train.py."
+    assert house.measures()["shared numbers"] == []
+    assert not (house.PKG / "train.py").exists() and (house.PKG / "trainer.py").exists()

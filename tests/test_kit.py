@@ -6,7 +6,7 @@ import torch
 from neuronfrontier.config import resolve
 from neuronfrontier.model import GPT
 from neuronfrontier.optim import build_optimizers
-from neuronfrontier.train import train_step
+from neuronfrontier.trainer import train_step
 from kit_reference import KitGPT, KitOptimizer, rotary
 
 STEPS = 5

@@ -262,7 +262,7 @@ def test_mtp_loss_and_gainless_norms_run_through_the_kernels():
 def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     "train_step takes share × grad_accum micro-batches at the phase's rate, then the whole step at the schedule's."
     from neuronfrontier.optim import build_optimizers, lr_multiplier
-    from neuronfrontier.train import train_step
+    from neuronfrontier.trainer import train_step
     m, t = resolve("cpu-micro", "kit", ["grad_accum=4", "batch_size=1", "seq_len=128", "eval_seq_len=128",
                                          "warmup_steps=2", "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6"])
     g = GPT(m)

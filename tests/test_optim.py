@@ -183,7 +183,7 @@ def test_tied_embedding_counted_once_and_lr_scaling():
 
 def test_the_trainer_warms_up_the_muon_momentum(pydocs, tmp_path, monkeypatch):
     "The momentum each Muon step uses, as the trainer runs it: start → end over the warm-up fraction, then constant."
-    from neuronfrontier.train import train
+    from neuronfrontier.trainer import train
     seen, real = [], Muon.step
     def spy(self, *a, **k):
         seen.append([g["momentum"] for g in self.param_groups]); return real(self, *a, **k)

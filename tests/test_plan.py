@@ -1,5 +1,5 @@
 """`neuronfrontier.plan`: the scaling fit recovers known laws, the plan keeps the tile and memory rules and names what
-binds, and `neuronfrontier plan` prints and writes a preset (notebook 94_plan)."""
+binds, and `neuronfrontier plan` prints and writes a preset (notebook 93_plan)."""
 import json
 
 import numpy as np

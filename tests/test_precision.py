@@ -5,7 +5,7 @@ import json, os, platform, subprocess, sys
 import pytest
 import torch
 from conftest import ROOT, cli
-from neuronfrontier import train as T
+from neuronfrontier import trainer as T
 from neuronfrontier.optim import default_ns_dtype
 from neuronfrontier.precision import AVX2_ENV, bf16_is_native, choose_precision, cpu_report, probe_cpu_bf16
 
@@ -99,7 +99,7 @@ def test_an_emulating_cpu_runs_newton_schulz_in_fp32():
 _RANKS_DISAGREE = """
 import json, os, sys
 import neuronfrontier.precision as P
-import neuronfrontier.train as T
+import neuronfrontier.trainer as T
 rank = int(os.environ["RANK"])
 P.probe_cpu_bf16 = lambda: json.loads(sys.argv[3 + rank])   # rank 0 finds bf16 native, rank 1 does not
 r = T.train("cpu-micro", sys.argv[1], sys.argv[2], steps=2, sets=["eval_tokens=8192", "batch_size=1"], verbose=False)

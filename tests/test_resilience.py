@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import cli
 from neuronfrontier import clock, ops
-from neuronfrontier import train as T
+from neuronfrontier import trainer as T
 from neuronfrontier.batches import rank_loader
 from neuronfrontier import shipping as S
 from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import neuronfrontier.train as T
+import neuronfrontier.trainer as T
 from neuronfrontier.batches import RowPool, _training_rows, rank_loader
 from neuronfrontier.config import TrainConfig, resolve, validate_train
 from neuronfrontier.sources import setting_sources

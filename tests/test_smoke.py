@@ -74,7 +74,7 @@ def _averaging(data):
 def _train(data):
     from neuronfrontier.config import resolve
     from neuronfrontier.optim import build_optimizers
-    from neuronfrontier.train import train_step
+    from neuronfrontier.trainer import train_step
     m, tcfg = _micro(), resolve("cpu-micro")[1]
     batches = iter(lambda: (torch.randint(0, 8192, (1, 16)),) * 2, None)
     assert torch.isfinite(train_step(m, build_optimizers(m, tcfg, print_table=False), batches, tcfg, 0.5,
@@ -173,7 +173,7 @@ def _rehearsal(data):
 def _core(data):
     import tempfile
     from neuronfrontier.core import write_sample_bundle, byte_tokenizer, bigram_model, evaluate_core
-    with tempfile.TemporaryDirectory() as d:   # the sample bundle: CORE = 22/45 by hand (notebook 31_core)
+    with tempfile.TemporaryDirectory() as d:   # the sample bundle: CORE = 22/45 by hand (notebook 37_core)
         res = evaluate_core(bigram_model(), byte_tokenizer(), write_sample_bundle(d), "cpu", log=lambda *a: None)
     assert abs(res["core"] - 22 / 45) < 1e-9
 
@@ -251,7 +251,7 @@ CALLS = {
         importlib.import_module("neuronfrontier.sweep").parse_grid(["lr=1e-3,2e-3"])),
     "neuronfrontier.testing": lambda data: importlib.import_module("neuronfrontier.testing").compare_backends(
         "rms_norm", torch.randn(128, 128, generator=g), torch.ones(128), backend="torch"),
-    "neuronfrontier.train": _train,
+    "neuronfrontier.trainer": _train,
     "neuronfrontier.sources": lambda data: importlib.import_module("neuronfrontier.sources").setting_sources(
         "trn2-124m", model=True)[1][1] == 1024,
     "neuronfrontier.phases": lambda data: importlib.import_module("neuronfrontier.phases").batch_phase(

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import neuronfrontier.train as T
+import neuronfrontier.trainer as T
 from neuronfrontier import ops
 from neuronfrontier.checkpoint import load_for_eval
 from neuronfrontier.clock import hw_name
@@ -62,7 +62,7 @@ def test_trainer_trains_in_bf16_and_evaluates_in_fp32(pydocs, tmp_path, monkeypa
     real_loss, real_forward = GPT.loss, GPT.forward
     monkeypatch.setattr(GPT, "loss", lambda self, *a, **k: seen["loss"].add(torch.is_autocast_enabled("cpu")) or real_loss(self, *a, **k))
     monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: seen["forward"].add(torch.is_autocast_enabled("cpu")) or real_forward(self, *a, **k))
-    # one row a step: a CPU without native bf16 emulates these matmuls (02_precision), slowly
+    # one row a step: a CPU without native bf16 emulates these matmuls (04_precision), slowly
     r = T.train("cpu-micro", pydocs, tmp_path / "bf16", steps=6, sets=["dtype=bf16", "batch_size=1"] + FAST, verbose=False)
     assert r["status"] == "completed" and seen == {"loss": {True}, "forward": {False}}
     losses = _losses(tmp_path / "bf16")
@@ -106,7 +106,7 @@ def test_compile_runs_the_loss_path_and_matches_eager(pydocs, tmp_path, monkeypa
 def test_forced_cpu_capability_compiles_into_its_own_inductor_cache():
     """Inductor's cache key misses ATEN_CPU_CAPABILITY: a graph cached under precision.AVX2_ENV and reused at the
     machine's AVX512 width aborted a later compile=true run (heap corruption). Such processes get their own cache."""
-    code = ("import os, torch, neuronfrontier.train as T; T._compiled(torch.sin, torch.device('cpu')); "
+    code = ("import os, torch, neuronfrontier.trainer as T; T._compiled(torch.sin, torch.device('cpu')); "
             "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))")
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
     code = "from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir(); " + code   # inductor set it

@@ -302,7 +302,7 @@ def _kernels_step(ctx) -> list[dict]:
         out.append(said(sim, f"FlashAttention at T = {T:,}, d_head = {dh} ({rep.get('dtype')}, one (batch, head) "
                              f"program): {part(fa, 'forward')}; {part(ba, 'backward')}. One T×T score matrix is "
                              f"{tt:,} bytes ({tt / P / 1024:.1f} KiB per partition): {verdict}. The report has this "
-                             f"one T; notebook 14_kernel_attention measures how the peaks grow with T."))
+                             f"one T; notebook 18_kernel_attention measures how the peaks grow with T."))
     return out
 
 # %% ../../nbs/72_dashboard_judge.ipynb #e8a62f06
@@ -464,7 +464,7 @@ def _check_ablation(data, steps: int = 40):
     from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
     from neuronfrontier.model import GPT
     from neuronfrontier.optim import build_optimizers
-    from neuronfrontier.train import train_step
+    from neuronfrontier.trainer import train_step
 
     paths, _ = find_shards(data)
     enc, _ = load_tokenizer(Path(data) / "tokenizer")
@@ -496,7 +496,7 @@ def _check_ablation(data, steps: int = 40):
 
 # %% ../../nbs/72_dashboard_judge.ipynb #c8bc1f12
 def _check_speedrun(data, budget_s: float = 5.0):
-    from neuronfrontier.train import RunSpec, train
+    from neuronfrontier.trainer import RunSpec, train
     with tempfile.TemporaryDirectory() as tmp:
         spec = RunSpec("cpu-micro", data, Path(tmp) / "run", budget_s=budget_s, recipe="frontier",
                        sets=("eval_tokens=16384",), verbose=False)
