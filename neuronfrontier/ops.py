@@ -103,7 +103,7 @@ def load_kernels():
 
 # %% ../nbs/05_ops.ipynb #c5a37fdc
 # the modules that register an op's `torch` backend, where it is not this one: imported the first time the op needs it
-# (as the kernel modules are), so every op runs right after `from neuronfrontier import ops`
+# (as the kernel modules are), so every op runs with this module alone loaded
 TORCH_MODULES = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
 
 def _torch_impl(op: str):
