@@ -66,15 +66,12 @@ class WeightEma:
         return {"every": self.every, "rate": round(self.rate, 6), "updates": self.updates, "blend": self.blended}
 
 # %% ../nbs/32_averaging.ipynb #db8028e6
-def ema_for(model: nn.Module, tcfg, run_state: dict) -> WeightEma | None:
-    """The run's weight average when `tcfg.ema_every` > 0, else None; kept in `run_state['ema']` (and so in every
-    resume.pt), continued from what `run_state` already holds (a resumed run's)."""
-    if not tcfg.ema_every:
-        run_state.pop("ema", None)   # a resumed run that turns the average off saves none
-        return None
+def ema_for(model: nn.Module, tcfg, saved: dict | None = None) -> WeightEma | None:
+    """The run's weight average when `tcfg.ema_every` > 0, else None; continued from `saved` (the state dict a
+    resumed run's resume.pt kept), where there is one."""
+    if not tcfg.ema_every: return None   # a resumed run that turns the average off saves none
     ema = WeightEma(model, tcfg.ema_decay, tcfg.ema_every, tcfg.ema_prewarm)
-    if "ema" in run_state: ema.load_state_dict(run_state["ema"])
-    run_state["ema"] = ema.state_dict()
+    if saved is not None: ema.load_state_dict(saved)
     return ema
 
 # %% ../nbs/32_averaging.ipynb #5bfb65f2

@@ -24,7 +24,7 @@ BUNDLED = ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model
            "resilience", "clock", "distributed", "evaluate", "averaging", "batches", "checkpoint", "spikes", "trainer",
            "flags", "submission")
 # what train.py runs, what the scorer calls, and what the rehearsal drives besides (a kernel that fails must raise)
-ROOTS = (("submission", "run_submission"), ("checkpoint", "load_for_eval"), ("ops", "set_fallback"))
+ROOTS = (("submission", "run_submission"), ("checkpoint", "load_for_eval"), ("ops", "OpSet"))
 # module-level constants whose value a submission replaces: (module, name) -> (value, why)
 def _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package=None) -> dict:
     return {

@@ -6,6 +6,7 @@
 # %% ../nbs/34_checkpoint.ipynb #83e1c59f
 from __future__ import annotations
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 import torch
 from .config import ModelConfig, TrainConfig
@@ -13,7 +14,7 @@ from .model import GPT
 from .config import first_line
 
 # %% auto #0
-__all__ = ['load_checkpoint', 'load_resume', 'save_model', 'save_resume', 'load_for_eval']
+__all__ = ['load_checkpoint', 'load_resume', 'save_model', 'RunState', 'save_resume', 'load_for_eval']
 
 # %% ../nbs/34_checkpoint.ipynb #118b7d7f
 def _atomic_save(obj, path: Path) -> Path:
@@ -64,9 +65,38 @@ def save_model(path: Path, model: GPT, tcfg: TrainConfig | None = None, sd: dict
     train/eval settings."""
     return _atomic_save(_weights(model, sd) | ({"train_config": tcfg.flat()} if tcfg is not None else {}), path)
 
-# %% ../nbs/34_checkpoint.ipynb #17f186d2
+# %% ../nbs/34_checkpoint.ipynb #71819232
+@dataclass
+class RunState:
+    """Where the run stands: what resume.pt keeps (`saved()`) and a resumed run starts from (`resumed`). The loop,
+    the clock's accounting and the checkpoints read and write these fields, and nothing else holds them."""
+    step: int = 0                        # optimizer steps taken
+    train_ns: int = 0                    # training time charged so far
+    tokens: int = 0                      # tokens trained on, all ranks
+    last_step_ns: int = 0                # the last step's duration: the watchdog's and the schedule's prediction
+    ns_dtype: str = "float32"            # Muon's Newton–Schulz dtype (a resumed run goes on in it)
+    frac: float | None = None            # the last step's place in the schedule (None: no step yet)
+    free_ns: int = 0                     # competition mode: the excluded steps' own time
+    train_start_ns: int | None = None    # when the charged clock started (competition mode)
+    ckpts: int = 0                       # checkpoints written, and the time they took
+    ckpt_ns: int = 0
+    loader_batches: int = 0              # micro-batches the steps consumed: a resumed loader skips them
+    spike_guard: list | None = None      # the warm-up's coin flip (35_spikes)
+    ema: dict | None = None              # the weight average's state (32_averaging), saved with the rest
+
+    def saved(self) -> dict:
+        "The fields as resume.pt keeps them (a shallow dict: the average's tensors are not copied)."
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def resumed(cls, saved: dict) -> RunState:
+        "The state a resume.pt saved (one from an older version: what it has; a key this one lacks is dropped)."
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in names})
+
+# %% ../nbs/34_checkpoint.ipynb #70d3cae6
 def save_resume(
-    path: Path, model: GPT, opts, state: dict, tcfg: TrainConfig, sd: dict | None = None, opt_states=None
+    path: Path, model: GPT, opts, state: RunState, tcfg: TrainConfig, sd: dict | None = None, opt_states=None
 ) -> Path:
     """Atomically write the full training state (`resume.pt`) that `--resume` continues from (`sd`, `opt_states`:
     consolidated ones, else the model's and `opts`')."""
@@ -75,7 +105,7 @@ def save_resume(
     )
     opt_states = [o.state_dict() for o in opts] if opt_states is None else opt_states
     return _atomic_save(_weights(model, sd) | {"train_config": tcfg.flat(), "optimizers": opt_states,
-                                           "state": dict(state), "rng": rng}, path)
+                                           "state": state.saved(), "rng": rng}, path)
 
 # %% ../nbs/34_checkpoint.ipynb #85b8cd1a
 def load_for_eval(checkpoint_path: str, device: torch.device, kernels: str | None = "torch") -> torch.nn.Module:

@@ -25,7 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         if gain: self.weight = nn.Parameter(torch.ones(d))
         else: self.register_parameter("weight", None)
-    def forward(self, x): return ops.rms_norm(x, self.weight, self.eps)
+        self.opset = ops.AUTO   # the model's op set, handed down by `GPT.use_ops`
+    def forward(self, x): return ops.rms_norm(x, self.weight, self.eps, opset=self.opset)
 
 # %% ../nbs/08_model.ipynb #58d61199
 def rope_tables(T: int, d_head: int, base: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,6 +75,7 @@ class Attention(nn.Module):
         self.ve_gate = nn.Linear(cfg.ve_gate_channels, cfg.n_heads, bias=False) if ve and cfg.ve_mix == "gate" else None
         self.ve_mix = nn.Parameter(torch.full((2,), 0.5)) if ve and cfg.ve_mix == "scalars" else None   # (a, b)
         self.window = window   # keys before the query it may see (None: the whole context)
+        self.opset = ops.AUTO
         self.qk_gain = cfg.qk_gain
         # key_offset: the slow rotary pairs (fixed by the training length, whatever length a call has)
         self.slow_from = (slow_pairs_from(cfg.d_head, cfg.rope_base, cfg.seq_len, cfg.key_offset)
@@ -95,7 +97,8 @@ class Attention(nn.Module):
         if ve is not None and self.ve_mix is not None: v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view_as(v)
         elif ve is not None:  # value embedding (a slice per query head), scaled per head by 2·sigmoid(gate), 1 at init
             v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
-        y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))   # [B, heads, T, d_head]
+        y = ops.attention(q, k, v, causal=True, window=self.window, opset=self.opset)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))   # y: [B, H, T, D]
 
 # %% ../nbs/08_model.ipynb #6acb9353
@@ -107,9 +110,11 @@ class MLP(nn.Module):
         self.w_up = nn.Linear(cfg.d_model, d_mlp, bias=False)
         self.w_down = nn.Linear(d_mlp, cfg.d_model, bias=False)
         self.leak = cfg.mlp_leak   # relu2's LeakyReLU slope (0: ReLU²)
+        self.opset = ops.AUTO
     def forward(self, x):
-        if self.w_gate is None: return ops.relu2_mlp(x, self.w_up.weight, self.w_down.weight, self.leak)   # one op
-        return self.w_down(ops.swiglu(x, self.w_gate.weight, self.w_up.weight))
+        if self.w_gate is None:   # one op
+            return ops.relu2_mlp(x, self.w_up.weight, self.w_down.weight, self.leak, opset=self.opset)
+        return self.w_down(ops.swiglu(x, self.w_gate.weight, self.w_up.weight, opset=self.opset))
 
 # %% ../nbs/08_model.ipynb #12ad2d29
 class Block(nn.Module):
@@ -129,11 +134,10 @@ class Block(nn.Module):
 # %% ../nbs/08_model.ipynb #bf52aba2
 class GPT(nn.Module):
     "Decoder-only transformer; `model(idx)` → logits [B, T, padded_vocab] (padding columns are -inf)."
-    def __init__(self, cfg: ModelConfig, kernels: str | None = None):
+    def __init__(self, cfg: ModelConfig, kernels: str | ops.OpSet | None = None):
         super().__init__()
         self.cfg = cfg.validate()
-        if kernels is not None: ops.parse_backend(kernels)  # fail early on a bad spec
-        self.kernels = kernels  # ops backend pinned for this model (e.g. 'torch'); None: the process-wide setting
+        opset = kernels if isinstance(kernels, ops.OpSet) else ops.OpSet(kernels or "auto")   # a bad spec fails here
         # the token and value-embedding tables are created in their storage dtype (bf16: the kit), not cast afterwards:
         # a cast swaps the parameter, which a FakeTensor model (the rehearsal's memory trace) refuses
         table_dtype = torch.bfloat16 if cfg.embed_dtype == "bf16" else None
@@ -155,6 +159,7 @@ class GPT(nn.Module):
         # the layout's wiring, read from the config once (not parsed again in every forward)
         self._sources = cfg.attn_sources()                                # reader block -> source block
         self._ve_table = [cfg.ve_table_of(i) for i in range(cfg.n_layers)]  # the table each block reads, or None
+        self.use_ops(opset)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -222,26 +227,35 @@ class GPT(nn.Module):
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}
         return self._rope[key]
 
-    def _ops(self):
-        "The ops backend this model runs under: its pinned `kernels`, or whatever is set process-wide."
-        return ops.use_backend(self.kernels) if self.kernels else contextlib.nullcontext()
+    def use_ops(self, opset: ops.OpSet) -> ops.OpSet | None:
+        "Run this model's ops on `opset`: every layer that calls an op holds it. Returns the op set it replaces."
+        prev = getattr(self, "opset", None)
+        for m in self.modules():
+            if m is self or "opset" in vars(m): m.opset = opset
+        return prev
+
+    @contextlib.contextmanager
+    def using(self, opset: ops.OpSet):
+        "Context manager: this model's ops run on `opset` inside the block, on its own op set again after."
+        prev = self.use_ops(opset)
+        try: yield self
+        finally: self.use_ops(prev)
 
     def hidden(self, idx: torch.Tensor) -> torch.Tensor:
         "Final normalised hidden states [B, T, d_model]."
         cos, sin = self.rope(idx.shape[1], idx.device)
-        with self._ops():
-            x = self._table_rows(self.wte, idx)
-            x = x0 = self.norm_e(x) if self.norm_e is not None else x
-            kept, ve_rows = {}, {}   # the source blocks' outputs; value-embedding rows by table
-            for i, b in enumerate(self.blocks):
-                if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
-                table = self._ve_table[i]   # a shared table is looked up once a forward
-                if table is not None and table not in ve_rows:
-                    ve_rows[table] = self._table_rows(self.value_embeds[str(table)], idx)
-                ve = ve_rows.get(table)
-                x = b(x, cos, sin, ve, kept.get(self._sources.get(i)))
-                if i in self._sources.values(): kept[i] = x
-            return self.norm_f(x)
+        x = self._table_rows(self.wte, idx)
+        x = x0 = self.norm_e(x) if self.norm_e is not None else x
+        kept, ve_rows = {}, {}   # the source blocks' outputs; value-embedding rows by table
+        for i, b in enumerate(self.blocks):
+            if self.cfg.layer_scalars: x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            table = self._ve_table[i]   # a shared table is looked up once a forward
+            if table is not None and table not in ve_rows:
+                ve_rows[table] = self._table_rows(self.value_embeds[str(table)], idx)
+            ve = ve_rows.get(table)
+            x = b(x, cos, sin, ve, kept.get(self._sources.get(i)))
+            if i in self._sources.values(): kept[i] = x
+        return self.norm_f(x)
 
     def _table_rows(self, table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
         """Rows of an embedding table; outside autocast in the dtype of the model's matmul weights (bf16 tables in
@@ -269,6 +283,6 @@ class GPT(nn.Module):
         kw = dict(softcap=self.cfg.softcap or None, reduction=reduction, vocab_size=self.cfg.vocab_size)
         if mtp is None: t = targets.flatten()                                    # [B·T]
         else: t, kw["weights"] = loss.multi_token_targets(targets, mtp.shape[0]).flatten(0, 1), mtp.to(h.device)
-        with self._ops(): ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, t, **kw)   # t [B·T, k] with mtp
+        ce = ops.cross_entropy(h.flatten(0, 1), self.lm_head.weight, t, **kw, opset=self.opset)   # t [B·T, k] with mtp
         if self.training and reduction == "mean": ce = ce + sum(m.aux_loss for m in self.moe_layers)
         return ce

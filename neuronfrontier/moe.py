@@ -196,16 +196,18 @@ class MoE(nn.Module):
         # expert parallelism: `expert_parallel` sets these
         self.ep_group, self.ep_size, self.ep_rank, self.dp_group = None, 1, 0, None
         self.aux_loss, self.stats = None, {}
+        self.opset = ops.AUTO   # the model's op set, handed down by `GPT.use_ops`
 
     def experts(self, xb: torch.Tensor, block_expert: torch.Tensor, capacity: int) -> torch.Tensor:
         """yb = the expert MLPs on the block buffer; with expert parallelism the blocks travel to their experts' ranks
         and back."""
-        if self.ep_size == 1: return ops.moe_mlp(xb, self.w_gate, self.w_up, self.w_down, block_expert)
+        if self.ep_size == 1:
+            return ops.moe_mlp(xb, self.w_gate, self.w_up, self.w_down, block_expert, opset=self.opset)
         P, El, d = self.ep_size, self.w_gate.shape[0], xb.shape[1]
         xr = _AllToAll.apply(xb, self.ep_group)                          # [P·El·C]: rank s's rows for my experts
         xr = xr.view(P, El, capacity, d).transpose(0, 1).reshape(-1, d)  # each local expert's rows together
         be = torch.arange(El, device=xb.device).repeat_interleave(P * capacity // BLOCK)
-        yr = ops.moe_mlp(xr, self.w_gate, self.w_up, self.w_down, be)
+        yr = ops.moe_mlp(xr, self.w_gate, self.w_up, self.w_down, be, opset=self.opset)
         return _AllToAll.apply(yr.view(El, P, capacity, d).transpose(0, 1).reshape(-1, d), self.ep_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

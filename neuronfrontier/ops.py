@@ -11,11 +11,11 @@ import torch.nn.functional as F
 from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'TORCH_MODULES', 'register', 'parse_backend', 'set_backend', 'backend_spec',
-           'pin_backends', 'use_backend', 'load_kernels', 'backend_for', 'backend_table', 'kernel_dtype', 'kernel_op',
-           'rms_norm', 'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
+__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'TORCH_MODULES', 'AUTO', 'register', 'parse_backend', 'backend_spec',
+           'load_kernels', 'resolve_backend', 'OpSet', 'dispatch', 'kernel_dtype', 'kernel_op', 'rms_norm',
+           'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
            'swiglu_torch', 'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced',
-           'watched', 'backend_asked', 'fallbacks', 'set_fallback', 'set_kernel_importer', 'isolated']
+           'watched', 'load_failures', 'set_kernel_importer', 'isolated']
 
 # %% ../nbs/05_ops.ipynb #a84296d3
 OPS = ("rms_norm", "swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
@@ -25,10 +25,10 @@ _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 KERNEL_MODULES = tuple(
     f"neuronfrontier.kernels.{m}" for m in ("rmsnorm", "swiglu", "mlp", "attention", "cross_entropy", "moe")
 )
-# fallback: an `nki` kernel that raises sends its op to PyTorch (off in the rehearsal, which must see the failure)
-# fell_back: op -> why its kernel was given up at run time; importer: how kernel modules are imported (NF_FAULT)
-_state = {"spec": {op: "auto" for op in OPS}, "kernels_loaded": False, "warned": set(), "fallback": True,
-          "fell_back": {}, "importer": importlib.import_module}
+# the registry's own state (which backend an op runs on is an `OpSet`'s): kernels_loaded: the kernel modules were
+# imported; warned: the warnings given once; load_failures: kernel module -> why its kernels are not used;
+# importer: how kernel modules are imported (NF_FAULT=kernel-import changes it)
+_state = {"kernels_loaded": False, "warned": set(), "load_failures": {}, "importer": importlib.import_module}
 
 def register(op: str, backend: str):
     "Decorator: make `fn` the implementation of `op` for `backend`."
@@ -59,28 +59,9 @@ def parse_backend(spec: str) -> dict[str, str]:
     return out
 
 # %% ../nbs/05_ops.ipynb #43774a71
-def set_backend(spec: str) -> dict[str, str]:
-    "Set the backend of every op (or of some, with 'op=backend,...'); returns the previous setting."
-    prev = dict(_state["spec"])
-    _state["spec"] = parse_backend(spec)
-    return prev
-
-# %% ../nbs/05_ops.ipynb #32f79d0f
 def backend_spec(backends: dict[str, str], sep: str = ",") -> str:
     "`parse_backend`'s inverse: 'op=backend' for each op of `backends`, joined by `sep`."
     return sep.join(f"{op}={b}" for op, b in backends.items())
-
-def pin_backends(backends: dict[str, str]) -> dict[str, str]:
-    "Set the backend of the ops named in `backends` (op → backend) and keep the others'; returns the previous setting."
-    return set_backend(backend_spec({**_state["spec"], **backends}))
-
-# %% ../nbs/05_ops.ipynb #2ef9b7e2
-@contextlib.contextmanager
-def use_backend(spec: str):
-    "Context manager: run the block with backend `spec`, then restore the previous one."
-    prev = set_backend(spec)
-    try: yield
-    finally: _state["spec"] = prev
 
 # %% ../nbs/05_ops.ipynb #1448db6c
 def load_kernels():
@@ -97,7 +78,7 @@ def load_kernels():
         except Exception as e:
             _IMPLS.update(before)   # no half-registered kernel
             if not (isinstance(e, ImportError) and e.name and mod.startswith(e.name)):   # "not there": no news
-                _state["fell_back"][mod] = f"{type(e).__name__}: {e}"
+                _state["load_failures"][mod] = f"{type(e).__name__}: {e}"
                 _warn_once(("load", mod), f"ops: the kernels of {mod} are not used ({type(e).__name__}: {e}); "
                                           f"their ops run PyTorch")
 
@@ -112,9 +93,8 @@ def _torch_impl(op: str):
     return _IMPLS[op].get("torch")
 
 # %% ../nbs/05_ops.ipynb #cfb4bc8b
-def backend_for(op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
-    "The backend that will run `op` for tensors on `device`, after `auto` and fallbacks (warning once per fallback)."
-    want = _state["spec"][op]
+def resolve_backend(op: str, want: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
+    "The backend that runs `op` asked to run on `want` for tensors on `device`: `auto` and missing kernels resolved."
     dev = torch.device(device).type
     if want != "torch": load_kernels()
     if want == "auto": want = "nki" if dev == "neuron" and "nki" in _IMPLS[op] else "torch"
@@ -131,25 +111,50 @@ def _warn_once(key, message: str):
         _state["warned"].add(key)
         warnings.warn(message)
 
-# %% ../nbs/05_ops.ipynb #10163fcb
-def backend_table(device="cpu") -> dict[str, str]:
-    "What actually runs for each op on `device` (fallbacks warn when the op is called, not here)."
-    return {op: backend_for(op, device, warn=False) for op in OPS}
+# %% ../nbs/05_ops.ipynb #0970fcd3
+class OpSet:
+    """The backend each op runs on, for one model: `GPT(cfg, kernels=OpSet("nki-sim"))` hands it to every op its
+    layers call. `spec`: as `parse_backend` reads it, or op → backend (the rest `auto`); `fallback`: an `nki` kernel
+    that raises sends its op to PyTorch from then on (off in the rehearsal, which must see the failure)."""
+    def __init__(self, spec: str | dict[str, str] = "auto", fallback: bool = True):
+        self.asked = parse_backend(spec if isinstance(spec, str) else backend_spec(spec) or "auto")
+        self.fallback = fallback
+        self.fell_back: dict[str, str] = {}   # op -> why its kernel was given up at run time
 
-# %% ../nbs/05_ops.ipynb #33be5788
-def _call(op, first, *args, **kw):
-    backend = backend_for(op, first.device)
-    impl = _IMPLS[op].get(backend)   # `backend_for` has imported the module of a torch one
+    def pinned(self, backends: dict[str, str]) -> OpSet:
+        "A copy with the ops named in `backends` (op → backend) set and the others as here."
+        out = OpSet({**self.asked, **backends}, self.fallback)
+        out.fell_back = dict(self.fell_back)
+        return out
+
+    def backend_for(self, op: str, device: torch.device | str = "cpu", warn: bool = True) -> str:
+        "The backend that runs `op` for tensors on `device`, after `auto` and fallbacks."
+        return resolve_backend(op, self.asked[op], device, warn)
+
+    def table(self, device: torch.device | str = "cpu") -> dict[str, str]:
+        "What runs for each op on `device` (a missing kernel warns when its op is called, not here)."
+        return {op: self.backend_for(op, device, warn=False) for op in OPS}
+
+    def __repr__(self) -> str: return f"OpSet({backend_spec(self.asked)!r})"
+
+# %% ../nbs/05_ops.ipynb #5c131e6e
+def dispatch(opset: OpSet, op: str, first: torch.Tensor, *args, **kw):
+    "Run `op` on `opset`'s backend for `first`'s device; a failing `nki` kernel gives its op to PyTorch (`fallback`)."
+    backend = opset.backend_for(op, first.device)
+    impl = _IMPLS[op].get(backend)   # `resolve_backend` has imported the module of a torch one
     if impl is None:   # only where a test took it away (`replaced({op: None})`)
         raise RuntimeError(f"ops.{op}: no torch implementation is registered; register one with ops.register")
-    if backend != "nki" or not _state["fallback"]: return impl(first, *args, **kw)
+    if backend != "nki" or not opset.fallback: return impl(first, *args, **kw)
     try: return impl(first, *args, **kw)
-    except Exception as e:   # a kernel that fails at any call (a shape or dtype the preflight did not see): PyTorch
-        _state["spec"] = {**_state["spec"], op: "torch"}
-        _state["fell_back"][op] = f"{type(e).__name__}: {e}"
+    except Exception as e:
+        opset.asked = {**opset.asked, op: "torch"}
+        opset.fell_back[op] = f"{type(e).__name__}: {e}"
         _warn_once(("failed", op), f"ops.{op}: the {backend} kernel failed ({type(e).__name__}: {e}); "
                                    f"PyTorch from here on")
         return _torch_impl(op)(first, *args, **kw)
+
+# AUTO: the op set of a call that names none, each op on its `auto` backend (nki on a Neuron device, else PyTorch)
+AUTO = OpSet()
 
 # %% ../nbs/05_ops.ipynb #4355f6cd
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
@@ -183,11 +188,12 @@ def kernel_op(bodies, setup_context, backward, launch, nki_op=None):
     return KernelFunction.apply
 
 # %% ../nbs/05_ops.ipynb #99e9b258
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float | None = 1e-6, *,
+             opset: OpSet | None = None) -> torch.Tensor:
     """x / sqrt(mean(x², -1) + eps) · weight, over the last dimension; `weight` None: no gain (not a gain of ones to
     load and multiply — the kernels skip it, and its gradient). `eps` None: the machine epsilon of the dtype the step
-    computes in (`compute_eps`), as `F.rms_norm` does."""
-    return _call("rms_norm", x, weight, compute_eps(x) if eps is None else eps)
+    computes in (`compute_eps`), as `F.rms_norm` does. `opset`: the model's op set (None: `AUTO`), as for every op."""
+    return dispatch(opset or AUTO, "rms_norm", x, weight, compute_eps(x) if eps is None else eps)
 
 # %% ../nbs/05_ops.ipynb #941eb11e
 def compute_eps(x: torch.Tensor) -> float:
@@ -197,48 +203,50 @@ def compute_eps(x: torch.Tensor) -> float:
     return torch.finfo(torch.get_autocast_dtype(x.device.type) if on else x.dtype).eps
 
 # %% ../nbs/05_ops.ipynb #01ec931b
-def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+def swiglu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *, opset: OpSet | None = None) -> torch.Tensor:
     "silu(x @ w_gateᵀ) ⊙ (x @ w_upᵀ); x [..., d], w_gate and w_up [d_mlp, d] → [..., d_mlp]."
-    return _call("swiglu", x, w_gate, w_up)
+    return dispatch(opset or AUTO, "swiglu", x, w_gate, w_up)
 
 # %% ../nbs/05_ops.ipynb #64c81ab2
-def relu2_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, leak: float = 0.0) -> torch.Tensor:
+def relu2_mlp(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, leak: float = 0.0, *,
+              opset: OpSet | None = None) -> torch.Tensor:
     """The ReLU² MLP, both projections: relu(x @ w_upᵀ)² @ w_downᵀ, or with `leak` α > 0 LeakyReLU(α)², (max(z, αz))²;
     x [..., d], w_up [d_mlp, d], w_down [d, d_mlp] (nn.Linear layouts) → [..., d]. One op, so a kernel can keep the
     hidden activation [..., d_mlp] out of HBM."""
-    return _call("relu2_mlp", x, w_up, w_down, leak=leak)
+    return dispatch(opset or AUTO, "relu2_mlp", x, w_up, w_down, leak=leak)
 
 # %% ../nbs/05_ops.ipynb #58bfd33e
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-              window: int | None = None) -> torch.Tensor:
+              window: int | None = None, *, opset: OpSet | None = None) -> torch.Tensor:
     """softmax(q kᵀ/√d_head + causal mask) v for q [B, H, T, d_head], k [B, Hk, T, d_head], v [B, Hv, T, d_head];
     Hk and Hv divide H (grouped-query attention; H itself: multi-head): query head h reads K head h // (H/Hk) and V
     head h // (H/Hv), as if k and v were `repeat_interleave`d to H heads. With `window` W, query i sees only keys
     i−W … i (FlashAttention's `window_size=(W, 0)`). A window that covers the sequence is full attention."""
     T = q.shape[-2]
     if window is None or window >= T - 1:
-        return _call("attention", q, k, v, causal=causal)
+        return dispatch(opset or AUTO, "attention", q, k, v, causal=causal)
     if not causal: raise ValueError(f"window={window} needs causal attention")
-    return _call("attention", q, k, v, causal=True, window=window)   # every backend takes the window
+    return dispatch(opset or AUTO, "attention", q, k, v, causal=True, window=window)   # every backend takes the window
 
 # %% ../nbs/05_ops.ipynb #0ddda847
 def cross_entropy(h: torch.Tensor, w_head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                   reduction: str = "mean", vocab_size: int | None = None,
-                  weights: torch.Tensor | None = None) -> torch.Tensor:
+                  weights: torch.Tensor | None = None, *, opset: OpSet | None = None) -> torch.Tensor:
     """Cross-entropy (nats) of logits h @ w_headᵀ (softcapped, columns ≥ vocab_size masked) against targets [N] (< 0
     ignored). With `weights` [k] (a tensor: new weights, no new graph), targets [N, k]: each token's loss is
     Σ_j w_j·CE(target_j) from one softmax (multi-token prediction); 'mean' divides by the tokens whose first target
     counts, as `loss.chunked_cross_entropy`."""
     kw = {} if weights is None else {"weights": weights}   # one target: the call every backend has always taken
-    return _call("cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction, vocab_size=vocab_size, **kw)
+    return dispatch(opset or AUTO, "cross_entropy", h, w_head, targets, softcap=softcap, reduction=reduction,
+                    vocab_size=vocab_size, **kw)
 
 # %% ../nbs/05_ops.ipynb #a4e1a9ce
 def moe_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
-            block_expert: torch.Tensor) -> torch.Tensor:
+            block_expert: torch.Tensor, *, opset: OpSet | None = None) -> torch.Tensor:
     """Blockwise expert SwiGLU: rows 128·b … 128·b+127 of x go through expert e = block_expert[b],
     (silu(x W_gate[e]) ⊙ (x W_up[e])) W_down[e]. x [R, d] with R = 128·n_blocks; w_gate, w_up [E, d, F];
     w_down [E, F, d]; block_expert [n_blocks] integer, non-decreasing (each expert's blocks together) → [R, d]."""
-    return _call("moe_mlp", x, w_gate, w_up, w_down, block_expert)
+    return dispatch(opset or AUTO, "moe_mlp", x, w_gate, w_up, w_down, block_expert)
 
 # %% ../nbs/05_ops.ipynb #7791ce93
 @register("rms_norm", "torch")
@@ -309,20 +317,9 @@ def watched(ops: Iterable[str], record):
     with replaced({op: watch(op, _torch_impl(op)) for op in ops}): yield
 
 # %% ../nbs/05_ops.ipynb #e822b28e
-def backend_asked() -> dict[str, str]:
-    "The backend asked for each op (`set_backend`), before `auto` and fallbacks resolve it (`backend_table`)."
-    return dict(_state["spec"])
-
-# %% ../nbs/05_ops.ipynb #4991fd5e
-def fallbacks() -> dict[str, str]:
-    "The kernels given up at run time: op (or kernel module) → why."
-    return dict(_state["fell_back"])
-
-# %% ../nbs/05_ops.ipynb #812ef295
-def set_fallback(on: bool) -> bool:
-    "Whether an `nki` kernel that raises sends its op to PyTorch (True, the default) or raises; returns the old value."
-    prev, _state["fallback"] = _state["fallback"], bool(on)
-    return prev
+def load_failures() -> dict[str, str]:
+    "The kernel modules whose kernels are not used: module → why (an exception at import or while registering)."
+    return dict(_state["load_failures"])
 
 # %% ../nbs/05_ops.ipynb #bddfb06e
 def set_kernel_importer(importer) -> callable:
@@ -333,8 +330,8 @@ def set_kernel_importer(importer) -> callable:
 # %% ../nbs/05_ops.ipynb #d33750ad
 @contextlib.contextmanager
 def isolated():
-    "Context manager: the block's changes to the dispatch (backends, implementations, fallbacks) are undone after."
-    impls, state = {op: dict(t) for op, t in _IMPLS.items()}, {**_state, "fell_back": dict(_state["fell_back"])}
+    "Context manager: the block's changes to the registry (implementations, importer, load failures) are undone after."
+    impls, state = {op: dict(t) for op, t in _IMPLS.items()}, {**_state, "load_failures": dict(_state["load_failures"])}
     try: yield
     finally:
         for op, table in impls.items():

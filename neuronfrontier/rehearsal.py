@@ -53,15 +53,13 @@ def package_namespace():
     return types.SimpleNamespace(GPT=model.GPT, build_optimizers=optim.build_optimizers,
                                  train_step=trainer.train_step, autocast=trainer.autocast,
                                  evaluate_sums=evaluate.evaluate_sums, resolve=config.resolve,
-                                 parse_backend=ops.parse_backend, set_backend=ops.set_backend, OPS=ops.OPS,
+                                 parse_backend=ops.parse_backend, OpSet=ops.OpSet, OPS=ops.OPS,
                                  implementations=ops.implementations, register=ops.register,
-                                 set_fallback=ops.set_fallback, backend_table=ops.backend_table,
-                                 use_backend=ops.use_backend,
                                  DataParallel=distributed.DataParallel, choose_precision=precision.choose_precision)
 
 # %% ../nbs/92_rehearsal.ipynb #f88d6034
 def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=None, ns_dtype=None,
-                  counts: dict | None = None) -> dict:
+                  counts: dict | None = None, kernels=None) -> dict:
     """Peak bytes by kind of `steps` training steps of `ns`'s model at the shapes of `mcfg`/`tcfg` on one of `world`
     ranks (FakeTensors: nothing computed), then of the evaluation `train.py` runs and of the scorer's forward. A phase
     whose shapes depend on the data (an MoE's dropless routing at evaluation) cannot be traced: its entry is None.
@@ -76,7 +74,7 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
     out = {}
     with FakeTensorMode():
         torch.manual_seed(0)
-        model = ns.GPT(mcfg).train()
+        model = ns.GPT(mcfg, kernels=kernels).train()   # kernels: its op set (an `ns.OpSet` or a spec; None: auto)
         opts = ns.build_optimizers(model, tcfg, print_table=False, ns_dtype=ns_dtype)
         batches = iter(lambda: tokens(tcfg.batch_size, mcfg.seq_len), None)   # endless: grad_accum micro-batches a step
         mt = MemTracker()
@@ -95,7 +93,7 @@ def traced_memory(ns, mcfg, tcfg, world: int = 1, steps: int = 2, before_eval=No
         mt.track_external(model, *opts)
         try:
             # train.py's own evaluation: the training model, its optimizer state kept, PyTorch's ops as the scorer's
-            with mt, ns.autocast(dev, tcfg.eval_dtype), ns.use_backend("torch"):
+            with mt, ns.autocast(dev, tcfg.eval_dtype), model.using(ns.OpSet("torch")):
                 ns.evaluate_sums(model, [(x, y)], torch.ones(mcfg.padded_vocab))
             out["evaluation"] = _by_kind(mt.get_tracker_snapshot("peak"))
         except DataDependentOutputException: out["evaluation"] = None
@@ -136,7 +134,7 @@ def measured_peak(ns, mcfg, tcfg, world: int = 1) -> int:
 
 # %% ../nbs/92_rehearsal.ipynb #d79456db
 _NAMES = ("GPT", "build_optimizers", "train_step", "autocast", "evaluate_sums", "resolve", "parse_backend",
-          "set_backend", "use_backend", "OPS", "implementations", "register", "set_fallback", "backend_table",
+          "OpSet", "OPS", "implementations", "register",
           "DataParallel", "choose_precision", "CONFIG", "RECIPE", "SETS")
 
 def _import_submission(standin):
@@ -172,16 +170,17 @@ def _trace_step(train, standin, mcfg, tcfg, world, torch_ops: set, log, work: di
     """Trace the step until no kernel fails, sending each failing op to torch; returns (memory, backends, failures).
     `work`: a dict that receives the traced step's work (`step_work`)."""
     failures = []
-    train.set_fallback(False)   # a failing kernel must raise here, not fall back quietly as it does on the chip
     while True:
-        train.set_backend(trn2_backends(train.parse_backend, tcfg.kernels, torch_ops))
-        backends = train.backend_table("cpu")
+        # fallback off: a failing kernel must raise here, not fall back quietly as it does on the chip
+        opset = train.OpSet(trn2_backends(train.parse_backend, tcfg.kernels, torch_ops), fallback=False)
+        backends = opset.table("cpu")
         _serve(train, standin)
         standin.phase = "train step"
         first, counts = len(standin.calls), {}   # this attempt's launches
         try:
             mem = traced_memory(train, mcfg, tcfg, world, before_eval=lambda: setattr(standin, "phase", "evaluation"),
-                                ns_dtype=default_ns_dtype("neuron"), counts=counts)   # Newton–Schulz as on the chip
+                                ns_dtype=default_ns_dtype("neuron"), counts=counts,   # Newton–Schulz as on the chip
+                                kernels=opset)
             if work is not None: work.update(step_work(standin.calls[first:], counts))
             return mem, backends, failures
         except KernelFailure as e:

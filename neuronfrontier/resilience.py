@@ -88,10 +88,10 @@ def faulty_impl(op: str, impl, kind: str):
 def _raising_import(name: str):
     raise RuntimeError(f"NF_FAULT kernel-import: {name} raised while importing")
 
-def install_kernel_faults(faults: Faults) -> list[str]:
-    """Put the fault stand-ins of `faults` into the ops table and set their ops to `nki` (a slow stand-in runs where the
-    `kernels` setting asks for it); returns the ops so faulted."""
-    done, pinned = [], []
+def install_kernel_faults(faults: Faults) -> dict[str, str]:
+    """Put the fault stand-ins of `faults` into the ops table; returns the backends a run's op set pins for them (op →
+    `nki`; a slow stand-in runs where the `kernels` setting asks for it)."""
+    pinned = []
     if faults.kernel_import: ops.set_kernel_importer(_raising_import)
     ops.load_kernels()
     for kind, names in (("error", faults.kernel_error), ("mismatch", faults.kernel_mismatch),
@@ -99,20 +99,19 @@ def install_kernel_faults(faults: Faults) -> list[str]:
         for op in names:
             impls = ops.implementations(op)
             ops.register(op, "nki")(faulty_impl(op, impls.get("nki") or impls["torch"], kind))
-            done.append(op)
             if kind != "slow": pinned.append(op)
-    ops.pin_backends({op: "nki" for op in pinned})
-    return done
+    return {op: "nki" for op in pinned}
 
 # %% ../nbs/28_resilience.ipynb #860dfd6f
 def _same(fn): return fn
 
 @dataclass
 class Wrappers:
-    """What is wrapped, from outside the trainer, around its training step and its write of `final.pt`: each field
-    takes the function and returns the one to call (the identity unless `NF_FAULT` asks otherwise)."""
+    """What is wrapped, from outside the trainer, around its training step, its write of `final.pt` and its model's op
+    set: each field takes the function (op set) and returns the one to use (the identity unless `NF_FAULT` asks)."""
     step: Callable = _same
     save: Callable = _same
+    ops: Callable = _same   # OpSet -> OpSet: the faulted ops pinned to their stand-ins
     faults: Faults = field(default_factory=Faults)   # what was installed: result.json's record, read by nothing else
 
 # %% ../nbs/28_resilience.ipynb #ee65715d
@@ -141,10 +140,11 @@ def slow_save(seconds: float) -> Callable:
 def install_faults(faults: Faults) -> Wrappers:
     """Install `faults` (`parse_faults(NF_FAULT)`): the kernel stand-ins go into the ops table, a start-up delay is
     slept now, and the step and save wrappers come back (`Wrappers()`, the identity, when none is asked for)."""
-    install_kernel_faults(faults)
+    pins = install_kernel_faults(faults)
     if faults.startup_delay_s: time.sleep(faults.startup_delay_s)   # start-up that is slow: the clock already runs
     return Wrappers(step=poison_step(faults.nan_at) if faults.nan_at else _same,
-                    save=slow_save(faults.slow_save_s) if faults.slow_save_s else _same, faults=faults)
+                    save=slow_save(faults.slow_save_s) if faults.slow_save_s else _same,
+                    ops=(lambda opset: opset.pinned(pins)) if pins else _same, faults=faults)
 
 # %% ../nbs/28_resilience.ipynb #71718684
 DEFAULT_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}   # where a kernel module states no TOL of its own
@@ -158,8 +158,8 @@ def capture_op_calls(model, x, y, ops_wanted, autocast_ctx, loss_kw: dict | None
         if op not in seen:
             copy_ = lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t
             seen[op] = ([copy_(t) for t in args], {n: copy_(v) for n, v in kw.items()})
-    spec = ",".join(f"{op}=torch" for op in ops_wanted)
-    with ops.watched(ops_wanted, record), ops.use_backend(spec), torch.no_grad(), autocast_ctx:
+    on_torch = model.opset.pinned({op: "torch" for op in ops_wanted})
+    with ops.watched(ops_wanted, record), model.using(on_torch), torch.no_grad(), autocast_ctx:
         model.loss(x, y, **(loss_kw or {}))
     return seen
 
@@ -233,7 +233,7 @@ def preflight(model, x, y, device, autocast_ctx, deadline_s: float, sync=lambda:
               loss_kw: dict | None = None, speed: bool = True) -> dict:
     """{op: {'backend', 'reason', 'impl_ms', 'torch_ms', 'errors'}} for the ops `model` calls that run nki on `device`,
     each checked on the arguments `model.loss(x, y, **loss_kw)` hands it; `speed=False`: correctness alone decides."""
-    wanted = [op for op in ops.OPS if ops.backend_for(op, device, warn=False) == "nki"]
+    wanted = [op for op in ops.OPS if model.opset.backend_for(op, device, warn=False) == "nki"]
     if not wanted: return {}
     t0 = time.perf_counter()
     calls = capture_op_calls(model, x, y, wanted, autocast_ctx, loss_kw)

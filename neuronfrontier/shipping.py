@@ -74,10 +74,9 @@ def ops_used(mcfg) -> set[str]:
     from neuronfrontier import ops
     from neuronfrontier.model import GPT
     seen = set()
-    with ops.watched(ops.OPS, lambda op, args, kw: seen.add(op)), ops.use_backend("torch"), torch.device("cpu"), \
-            torch.no_grad():
+    with ops.watched(ops.OPS, lambda op, args, kw: seen.add(op)), torch.device("cpu"), torch.no_grad():
         torch.manual_seed(0)
-        GPT(mcfg).loss(torch.zeros(1, 128, dtype=torch.long), torch.zeros(1, 128, dtype=torch.long))
+        GPT(mcfg, kernels="torch").loss(torch.zeros(1, 128, dtype=torch.long), torch.zeros(1, 128, dtype=torch.long))
     return seen
 
 # %% ../nbs/96_shipping.ipynb #fe741c39

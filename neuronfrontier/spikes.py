@@ -51,6 +51,6 @@ def guard_warm_up(run, train_step) -> list[dict]:
     def redraw(k):
         torch.manual_seed(run.spec.seed + 7919 * k)   # the same on every rank
         model.reset_parameters()
-        run.snapshot.take(model, opts, run.state["step"])
+        run.snapshot.take(model, opts, run.state.step)
         run.say(f"warm-up spike path: initialisation {k} drawn")
     return guard_initialisation(trial, redraw, tcfg.spike_guard_rise, tcfg.spike_guard_tries)

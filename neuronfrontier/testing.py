@@ -31,8 +31,7 @@ def compare_backends(op: str, *args, backend: str = "nki-sim", ref: str = "torch
     for be, dt in ((backend, None), (ref, ref_dtype)):
         xs = [a.detach().clone().to(dt or a.dtype).requires_grad_() if torch.is_tensor(a) and a.is_floating_point()
               else a for a in args]
-        with ops.use_backend(f"{op}={be}"):
-            y = f(*xs, **kwargs)
+        y = f(*xs, **kwargs, opset=ops.OpSet(f"{op}={be}"))
         if grad is None: grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed))
         y.backward(grad.to(y.dtype))
         runs.append([y.detach()] + [x.grad for x in xs if torch.is_tensor(x) and x.requires_grad])
@@ -54,7 +53,7 @@ def train_losses(cfg, backend: str = "torch", steps: int = 10, batch: int = 2, s
     from neuronfrontier.config import CONFIGS
     cfg = CONFIGS[cfg] if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
-    model = GPT(cfg)
+    model = GPT(cfg, kernels=backend)
     with torch.no_grad():
         for b in model.blocks: torch.nn.init.normal_(b.attn.wo.weight, std=cfg.d_attn ** -0.5)
     model = model.to(dtype)
@@ -65,13 +64,12 @@ def train_losses(cfg, backend: str = "torch", steps: int = 10, batch: int = 2, s
     out, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with ops.use_backend(backend):
-            for _ in range(steps):
-                loss = model.loss(x[:, :-1], x[:, 1:])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                out.append(loss.item())
+        for _ in range(steps):
+            loss = model.loss(x[:, :-1], x[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            out.append(loss.item())
     finally: torch.set_num_threads(threads)
     return out
 

@@ -23,7 +23,7 @@ from .batches import Prefetcher, _training_rows
 from .phases import batch_phase, mtp_weights_at
 from .spikes import guard_warm_up
 from .evaluate import evaluate_sums, bpb, EvalProgress
-from .checkpoint import load_resume, save_model, save_resume
+from .checkpoint import RunState, load_resume, save_model, save_resume
 from .averaging import WeightEma, ema_for, blend_for_save
 from .precision import Precision, choose_precision, TORCH_DTYPES
 from . import ops, hw
@@ -260,7 +260,7 @@ class Run:
     opts: list                    # the optimisers (Muon, AdamW)
     parallel: DataParallel        # how the model is shared out: gradient sync, clipping, consolidated checkpoints
     loss_fn: Callable             # `model.loss`, or its compiled version
-    state: dict                   # checkpointed: step, train_ns, tokens, last_step_ns (and what the loop adds)
+    state: RunState               # where the run stands: step, charged time, tokens (resume.pt keeps it)
     tokens_per_step: int          # over all ranks
     fpt: float                    # model FLOPs per token, for the MFU
     hwn: str                      # the `hw` entry the MFU is measured against
@@ -313,11 +313,10 @@ def setup(spec: RunSpec) -> Run:
     if tcfg.compile is None: tcfg = replace(tcfg, compile=dev.type == "neuron")   # the chip compiles by default
     if lead and precision.warning: print(precision.warning, file=sys.stderr)
     if lead: out.mkdir(parents=True, exist_ok=True)  # only once the inputs are known good
-    ops.set_backend(tcfg.kernels)
-    around = install_faults(faults)   # kernel stand-ins into the ops table; step and save wrappers (28_resilience)
+    around = install_faults(faults)   # kernel stand-ins into the ops table; step, save, op-set wrappers (28_resilience)
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(spec.seed)
-    model = GPT(mcfg).to(dev)
+    model = GPT(mcfg, kernels=around.ops(ops.OpSet(tcfg.kernels))).to(dev)   # the model runs its own op set
     if ck is not None:
         model.load_state_dict(ck["model"])  # consolidated (all the experts): before --ep gives each rank its own
     parallel = parallelize(model, world, tcfg.ep, spec.config, tcfg.fsdp)   # --ep: own experts; --fsdp: own rows
@@ -325,22 +324,23 @@ def setup(spec: RunSpec) -> Run:
     opts = build_optimizers(model, tcfg, print_table=False, distributed=False if tcfg.ep > 1 else None,
                             ns_dtype=TORCH_DTYPES[precision.ns_dtype])
     loader, rows = _training_rows(spec, train_paths, enc, tcfg, mcfg.seq_len, rank, world, spec.seed)
-    state = {"step": 0, "train_ns": 0, "tokens": 0, "last_step_ns": 0, "ns_dtype": precision.ns_dtype}
+    state = RunState.resumed({"ns_dtype": precision.ns_dtype} | (ck["state"] if ck is not None else {}))
     if ck is not None:
         for o, s in zip(opts, parallel.shard_optimizer_states(model, opts, ck["optimizers"])):
             o.load_state_dict(s)  # unchanged without --ep
-        state |= ck["state"]
-        loader.skip(state["loader_batches"])
-        if lead: _truncate_metrics(out / "metrics.jsonl", state["step"])   # what a killed run logged after its save
+        loader.skip(state.loader_batches)
+        if lead: _truncate_metrics(out / "metrics.jsonl", state.step)   # what a killed run logged after its save
         torch.set_rng_state(ck["rng"]["cpu"])
         if "cuda" in ck["rng"] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+    ema = ema_for(model, tcfg, state.ema)
+    state.ema = ema.state_dict() if ema is not None else None   # the average lives in the checkpointed state
     model.train()
     return Run(
         spec=spec, mcfg=mcfg, tcfg=tcfg, dev=dev, rank=rank, world=world, ctrl=ctrl, owned=owned,
         train_paths=train_paths, val_path=val_path, tok_dir=tok_dir, enc=enc, token_bytes=token_bytes,
         out=out, model=model, opts=opts, parallel=parallel, loader=loader,
         batches=Prefetcher(rows, tcfg.prefetch),  # packed ahead, off the step
-        state=state, ema=ema_for(model, tcfg, state),   # the average lives in the checkpointed state
+        state=state, ema=ema,
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
         tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
         fpt=mcfg.flops_per_token(), hwn=hw_name(dev), around=around, precision=precision,
@@ -353,7 +353,7 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
     run under `compile_limit_s`: a compilation that fails or runs past it leaves the run eager (`run.compile_info` says
     which and why)."""
     model, opts, tcfg = run.model, run.opts, run.tcfg
-    run.snapshot.take(model, opts, run.state["step"])
+    run.snapshot.take(model, opts, run.state.step)
     seed = run.spec.seed + 10_000   # batches the run never trains on
     probe = _training_rows(run.spec, run.train_paths, run.enc, tcfg, run.mcfg.seq_len, run.rank, run.world, seed)[1]
     step = lambda: train_step(model, opts, probe, tcfg, 0.0, run.dev, run.loss_fn, run.parallel).item()
@@ -379,7 +379,7 @@ def warm_up(run: Run, compile_limit_s: float | None = None) -> list[int]:
         step()
         warm_ns.append(time.perf_counter_ns() - t0)
     run.snapshot.restore(model, opts)
-    if tcfg.spike_guard_steps: run.state["spike_guard"] = guard_warm_up(run, train_step)   # the coin flip (35_spikes)
+    if tcfg.spike_guard_steps: run.state.spike_guard = guard_warm_up(run, train_step)   # the coin flip (35_spikes)
     return warm_ns
 
 # %% ../nbs/36_trainer.ipynb #c4ef4be3
@@ -396,20 +396,21 @@ def _stop_signals():
 def save_checkpoints(run: Run, model_only: bool = False, resume_sd: dict | None = None):
     """Rank 0 writes `final.pt` and (unless `model_only`) `resume.pt`, with the weights `resume_sd` where they are not
     final.pt's (the end of a run with an EMA blend), each atomically; the other ranks wait for it. The time goes to
-    `state['ckpt_ns']`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
+    `state.ckpt_ns`; the write of final.pt is timed (`run.save_s`), for the time a final save needs.
     Both hold what one process would: every rank first takes part in consolidating them (`run.parallel`: with sharded
     experts a collective)."""
     t0, state = time.perf_counter_ns(), run.state
-    state["ckpts"] = state.get("ckpts", 0) + 1
+    state.ckpts += 1
     sd, opt_states = run.parallel.consolidated(run.model, run.opts)
     if run.lead:
-        state["loader_batches"] = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
+        state.loader_batches = run.batches.consumed  # what the steps took, not what the prefetcher packed ahead
         ts = time.perf_counter()
         run.around.save(save_model)(run.ck_path, run.model, run.tcfg, sd)
         run.save_s = time.perf_counter() - ts
-        if not model_only: save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, resume_sd or sd, opt_states)
+        if not model_only:
+            save_resume(run.rs_path, run.model, run.opts, state, run.tcfg, resume_sd or sd, opt_states)
     if run.world > 1: dist.barrier(group=run.ctrl)
-    state["ckpt_ns"] = state.get("ckpt_ns", 0) + time.perf_counter_ns() - t0
+    state.ckpt_ns += time.perf_counter_ns() - t0
 
 SYNC_AHEAD = 3   # within this many predicted steps of the end (plus those still queued) every step waits for the device
 
@@ -417,9 +418,9 @@ SYNC_AHEAD = 3   # within this many predicted steps of the end (plus those still
 def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_warmup: bool) -> str:
     "Why the last logged step calls for a rollback ('' when it does not)."
     tcfg, uniform = run.tcfg, math.log(run.enc.n_vocab)
-    if bad: return f"a non-finite loss by step {run.state['step']} (loss {loss})"
+    if bad: return f"a non-finite loss by step {run.state.step} (loss {loss})"
     if after_warmup and loss > tcfg.explode_factor * best:
-        return f"loss {loss:.4f} > {tcfg.explode_factor:g} × the best {best:.4f} at step {run.state['step']}"
+        return f"loss {loss:.4f} > {tcfg.explode_factor:g} × the best {best:.4f} at step {run.state.step}"
     if strikes >= UNIFORM_STRIKES:
         return f"loss {loss:.4f} >= ln V = {uniform:.4f} (uniform prediction) at {strikes} log steps after warm-up"
     return ""
@@ -433,7 +434,7 @@ def _roll_back(run: Run, problem: str) -> bool:
     if run.ema is not None: run.ema.reset(run.model)   # the average starts again from the restored weights
     run.lr_scale *= tcfg.rollback_lr_factor
     run.nonfinite.zero_()
-    run.rollbacks.append({"step": run.state["step"], "to_step": run.snapshot.step, "why": problem,
+    run.rollbacks.append({"step": run.state.step, "to_step": run.snapshot.step, "why": problem,
                           "lr_scale": run.lr_scale})
     run.say(f"rollback {len(run.rollbacks)}/{tcfg.max_rollbacks}: {problem}; back to the state of step "
             f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
@@ -457,9 +458,9 @@ class _Guard:
                 return "rolled back", problem
             return "diverged", problem + (f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else "")
         self.best = min(self.best, loss)
-        if tcfg.snapshot_every and run.state["step"] - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss
+        if tcfg.snapshot_every and run.state.step - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss
             if not agree_max([not _all_finite(run.model)], run.world, run.ctrl)[0]:   # and finite weights: copy
-                run.snapshot.take(run.model, run.opts, run.state["step"])
+                run.snapshot.take(run.model, run.opts, run.state.step)
         return "go", ""
 
 # %% ../nbs/36_trainer.ipynb #b56cf33b
@@ -469,37 +470,36 @@ class _Metrics:
         self.run, self.clock = run, clock
         self.prog = _Progress(run.spec.budget_s, run.verbose, bar, run.spec.steps)
         self.file = open(run.out / "metrics.jsonl", "a" if run.spec.resume else "w") if run.lead else None
-        run.state.setdefault("free_ns", 0)   # competition mode: the excluded steps' own time
-        self.t0, self.tok0 = self._steps_ns(), run.state["tokens"]
+        self.t0, self.tok0 = self._steps_ns(), run.state.tokens
 
-    def _steps_ns(self) -> int: return self.clock.charged_ns + self.run.state["free_ns"]
+    def _steps_ns(self) -> int: return self.clock.charged_ns + self.run.state.free_ns
 
     def log(self, loss: float, frac: float) -> dict:
         "Write the record of the step just taken (`frac`: its place in the schedule); returns it."
         run, state = self.run, self.run.state
-        tok_s = (state["tokens"] - self.tok0) / max((self._steps_ns() - self.t0) / 1e9, 1e-9)
-        phase_lr = batch_phase(run.tcfg, frac, state["step"] - 1)[1]   # the step just taken's batch warm-up rate
-        rec = {"step": state["step"], "time_s": round(self.clock.charged_ns / 1e9, 4), "loss": loss,
+        tok_s = (state.tokens - self.tok0) / max((self._steps_ns() - self.t0) / 1e9, 1e-9)
+        phase_lr = batch_phase(run.tcfg, frac, state.step - 1)[1]   # the step just taken's batch warm-up rate
+        rec = {"step": state.step, "time_s": round(self.clock.charged_ns / 1e9, 4), "loss": loss,
                "lr_mult": round(lr_multiplier(frac, run.tcfg) * run.lr_scale * phase_lr, 5),
-               "tokens": state["tokens"],
+               "tokens": state.tokens,
                "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=run.world),
                "world_size": run.world, **run.model.moe_stats()}
         if self.file:
             self.file.write(json.dumps(rec) + "\n")
             self.file.flush()
         self.prog.update(rec, self.clock.charged_ns / 1e9)
-        self.t0, self.tok0 = self._steps_ns(), state["tokens"]
+        self.t0, self.tok0 = self._steps_ns(), state.tokens
         return rec
 
     def close(self, status: str):
-        self.prog.close(self.run.state["step"], self.clock.charged_ns / 1e9, status)
+        self.prog.close(self.run.state.step, self.clock.charged_ns / 1e9, status)
         if self.file: self.file.close()
 
 # %% ../nbs/36_trainer.ipynb #8b370947
 def _agree(run: Run, clock: Clock, stop: dict, pred_ns: int, due: bool) -> tuple[int, bool]:
     "One decision for all ranks: the slowest clock and prediction, anyone's stop, rank 0's checkpoint."
-    charged, run.state["last_step_ns"], pred_ns, asked, due, run.reserve_ns = map(int, agree_max(
-        (clock.charged_ns, run.state["last_step_ns"], pred_ns, stop["set"], due and run.lead, run.reserve_ns),
+    charged, run.state.last_step_ns, pred_ns, asked, due, run.reserve_ns = map(int, agree_max(
+        (clock.charged_ns, run.state.last_step_ns, pred_ns, stop["set"], due and run.lead, run.reserve_ns),
         run.world, run.ctrl))
     clock.adopt(charged)
     stop["set"] = bool(asked)
@@ -510,14 +510,14 @@ def _time_step(run: Run, clock: Clock, watchdog: Watchdog, started_ns: int, sync
     "Charge the step that began at `started_ns`; `waits`: the steps queued since the device was last waited for."
     free = clock.pending   # competition mode's excluded steps: not charged, and waited for
     took_ns = clock.step_done(started_ns, sync=synced)
-    if run.spec.on_step is not None: run.spec.on_step(run.state["step"])   # the runner's step boundary
+    if run.spec.on_step is not None: run.spec.on_step(run.state.step)   # the runner's step boundary
     if free:   # the charged clock did not move: what the step took is its own duration
-        run.state["free_ns"] += took_ns
-        run.state["last_step_ns"] = took_ns
+        run.state.free_ns += took_ns
+        run.state.last_step_ns = took_ns
     elif synced:   # the steps since the last wait, each charged its share of the finished work
-        run.state["last_step_ns"] = (clock.charged_ns - waits["synced_ns"]) // waits["queued"]
+        run.state.last_step_ns = (clock.charged_ns - waits["synced_ns"]) // waits["queued"]
     if free or synced:
-        watchdog.record(run.state["last_step_ns"])
+        watchdog.record(run.state.last_step_ns)
         waits.update(queued=0, synced_ns=clock.charged_ns)
 
 # %% ../nbs/36_trainer.ipynb #b0fe3d3f
@@ -538,32 +538,32 @@ def loop(
             pred_ns = watchdog.predict_ns()
             due = ckpt_every_s is not None and time.perf_counter_ns() - last_ckpt >= ckpt_every_s * 1e9
             if world > 1: pred_ns, due = _agree(run, clock, stop, pred_ns, due)
-            state["train_ns"] = clock.charged_ns
-            if due and state["step"] > 0:  # never a checkpoint of weights that are no longer finite
+            state.train_ns = clock.charged_ns
+            if due and state.step > 0:  # never a checkpoint of weights that are no longer finite
                 if not agree_max([run.nonfinite.item() or not _all_finite(run.model)], world, run.ctrl)[0]:
                     save_checkpoints(run)
                     _update_reserve(run, clock)
                 last_ckpt = time.perf_counter_ns()
-            if steps is not None and state["step"] >= steps: break
+            if steps is not None and state.step >= steps: break
             if steps is None and not watchdog.fits(clock.charged_ns + run.reserve_ns, pred_ns): break
             if stop["set"]:
                 status = "interrupted"
                 break
             # the schedule at the middle of this step, counted from the first training step over the time left for
             # training (of what is left, if the step is predicted to take longer): never the 0 at either end
-            if steps is not None: frac = (state["step"] + 0.5) / steps
+            if steps is not None: frac = (state.step + 0.5) / steps
             else:
                 left_ns = watchdog.budget_ns - run.reserve_ns - clock.charged_ns
-                frac = clock.fraction(watchdog.budget_ns, run.reserve_ns, min(state["last_step_ns"], left_ns) // 2)
+                frac = clock.fraction(watchdog.budget_ns, run.reserve_ns, min(state.last_step_ns, left_ns) // 2)
             # the step
             started_ns = clock.now_ns()
             loss_t = step_fn(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
-                             run.lr_scale, step=state["step"], full_batches=state["tokens"] / run.tokens_per_step)
+                             run.lr_scale, step=state.step, full_batches=state.tokens / run.tokens_per_step)
             run.nonfinite |= ~torch.isfinite(loss_t)
-            if run.ema is not None: run.ema.after_step(run.model, state["step"])   # see 32_averaging
-            state["frac"] = frac   # the last step's place in the schedule: `finish` reads its rate
+            if run.ema is not None: run.ema.after_step(run.model, state.step)   # see 32_averaging
+            state.frac = frac   # the last step's place in the schedule: `finish` reads its rate
             waits["queued"] += 1
-            logged = (state["step"] + 1) % tcfg.log_every == 0 or state["step"] == 0 or steps is not None
+            logged = (state.step + 1) % tcfg.log_every == 0 or state.step == 0 or steps is not None
             # its time: the device is waited for only where a decision needs finished work (log steps, and every step
             # near the end)
             ahead_ns = (waits["queued"] + SYNC_AHEAD) * max(pred_ns, 1)
@@ -575,9 +575,9 @@ def loop(
                     stats[0] /= world  # the mean loss; a NaN anywhere is seen everywhere
                 last_loss, bad = stats.tolist()  # one read: syncs the device
             _time_step(run, clock, watchdog, started_ns, logged or near_end, waits)
-            state["train_ns"] = clock.charged_ns
-            state["step"] += 1
-            state["tokens"] += run.tokens_per_step * batch_phase(tcfg, frac, state["step"] - 1)[0] // tcfg.grad_accum
+            state.train_ns = clock.charged_ns
+            state.step += 1
+            state.tokens += run.tokens_per_step * batch_phase(tcfg, frac, state.step - 1)[0] // tcfg.grad_accum
             if not logged: continue
             # at log steps: the guard, then the metrics
             verdict, problem = guard.check(last_loss, bool(bad), frac)
@@ -613,8 +613,8 @@ def _last_finite(run: Run, status: str):
                                                 run.ctrl)[0]
     if unfinite or status == "diverged":
         if unfinite and status not in ("diverged", "crashed"):
-            run.rollbacks.append({"step": state["step"], "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
-                                  "why": f"non-finite loss or weights by step {state['step']}, at the end"})
+            run.rollbacks.append({"step": state.step, "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
+                                  "why": f"non-finite loss or weights by step {state.step}, at the end"})
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
 
@@ -625,25 +625,26 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
     state, tcfg, world = run.state, run.tcfg, run.world
     overrun_ns = max(0, clock.charged_ns - watchdog.budget_ns) if run.spec.steps is None else 0
     man = read_manifest(run.tok_dir) if run.spec.tokenizer is None else None
-    free_ns = state.get("free_ns", 0)   # competition mode's excluded steps: their own time
+    free_ns = state.free_ns   # competition mode's excluded steps: their own time
     res = {
         # what was trained, and how it ended
-        "status": status, "steps": state["step"], "tokens": state["tokens"], "final_train_loss": last_loss,
-        "diverged_because": why or None, "rollbacks": run.rollbacks, "spike_guard": run.state.get("spike_guard"),
+        "status": status, "steps": state.step, "tokens": state.tokens, "final_train_loss": last_loss,
+        "diverged_because": why or None, "rollbacks": run.rollbacks, "spike_guard": run.state.spike_guard,
         "snapshots": run.snapshot.report(),
         # the clock (competition: startup_s runs to step 5's end)
         "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
         "compile_s": warm_ns[0] / 1e9 if tcfg.compile else None,
-        "tok_s": state["tokens"] / max((clock.charged_ns + free_ns) / 1e9, 1e-9),
+        "tok_s": state.tokens / max((clock.charged_ns + free_ns) / 1e9, 1e-9),
         "budget_s": run.spec.budget_s if run.spec.steps is None else None, "budget_mode": clock.mode,
         "startup_allowance_s": clock.allowance_ns / 1e9, "startup_s": clock.startup_ns / 1e9,
         "max_step_s": max(watchdog.recent, default=0) / 1e9, "device_syncs": clock.syncs,
         # checkpoints
-        "ckpt_s": state.get("ckpt_ns", 0) / 1e9, "ckpts": state.get("ckpts", 0), "model_saved": True,
+        "ckpt_s": state.ckpt_ns / 1e9, "ckpts": state.ckpts, "model_saved": True,
         "model_saved_at_s": saved_at_s, "save_reserve_s": run.reserve_ns / 1e9, "last_save_s": run.save_s,
         "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path),
         # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
-        "kernels": run.kernels, "backends": ops.backend_table(run.dev), "kernel_fallbacks": ops.fallbacks(),
+        "kernels": run.kernels, "backends": run.model.opset.table(run.dev),
+        "kernel_fallbacks": {**ops.load_failures(), **run.model.opset.fell_back},
         "compile": run.compile_info, "faults": asdict(run.around.faults) if run.around.faults else None,
         "ema": run.ema.report() if run.ema is not None else None,   # the weight average: updates, blend
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
@@ -670,7 +671,7 @@ def _score(run: Run, model, res: dict, bar=None):
     dev = run.dev
     # the scorer's own ops (load_for_eval pins PyTorch's): the printed val_bpb is computed as the organisers compute it,
     # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
-    with autocast(dev, tcfg.eval_dtype), ops.use_backend("torch"):
+    with autocast(dev, tcfg.eval_dtype), model.using(ops.OpSet("torch")):
         mine = [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]]   # this rank's share
         sums = evaluate_sums(model, mine, run.token_bytes.to(dev), progress=EvalProgress(run.verbose, bar))
     if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
@@ -687,7 +688,8 @@ def finish(
     "Check the weights, blend in their EMA, save, evaluate (sharded over ranks), write `result.json`; returns its dict."
     _last_finite(run, status)
     t = run.tcfg   # K82s4: a run that ends at a rate above ema_pure_above saves the EMA alone
-    pure = bool(t.ema_pure_above) and lr_multiplier(run.state.get("frac", 1.0), t) > t.ema_pure_above
+    frac = 1.0 if run.state.frac is None else run.state.frac   # no step taken: the end of the schedule
+    pure = bool(t.ema_pure_above) and lr_multiplier(frac, t) > t.ema_pure_above
     raw = blend_for_save(run.ema, run.model, t.ema_blend, status, run.say, pure)   # final.pt and the score: the blend
     save_checkpoints(run, resume_sd=raw)   # resume.pt: the weights as trained, which a resumed run goes on from
     # competition: on the runner's clock; otherwise since the process (wall mode) or train() started
@@ -705,7 +707,7 @@ def finish(
 def run_preflight(run: Run) -> dict:
     "Check the ops that would run NKI kernels (`resilience.preflight`), apply the decisions to the ops table, say them."
     tcfg, dev = run.tcfg, run.dev
-    if not any(ops.backend_for(op, dev, warn=False) == "nki" for op in ops.OPS):
+    if "nki" not in run.model.opset.table(dev).values():
         return {}  # no kernel: nothing to check
     budget_s = run.spec.budget_s if run.spec.steps is None else None
     deadline = max(30.0, tcfg.preflight_frac * budget_s) if budget_s else 120.0
@@ -717,7 +719,7 @@ def run_preflight(run: Run) -> dict:
     loss_kw = {} if mtp is None else {"mtp": torch.tensor(mtp, device=dev)}
     decisions = preflight(run.model, x.to(dev), y.to(dev), dev, autocast(dev, tcfg.dtype), deadline,
                           sync=lambda: synchronize(dev), agree=agree, loss_kw=loss_kw, speed=tcfg.preflight_speed)
-    ops.pin_backends({op: "torch" for op, d in decisions.items() if d["backend"] == "torch"})
+    run.model.use_ops(run.model.opset.pinned({op: "torch" for op, d in decisions.items() if d["backend"] == "torch"}))
     if decisions: run.say(preflight_line(decisions))
     return decisions
 
@@ -767,23 +769,23 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         run.say(
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "
             f"device {run.dev}{f' x {run.world} processes' if run.world > 1 else ''}, "
-            f"ops {ops.backend_spec(ops.backend_table(run.dev), ', ')}, "
+            f"ops {ops.backend_spec(run.model.opset.table(run.dev), ', ')}, "
             f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.precision.describe()}"
             f"{', compiled' if run.tcfg.compile else ''}, "
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"
         )
-        if spec.resume: run.say(f"resumed from step {run.state['step']} ({run.state['train_ns']/1e9:.1f}s charged)")
+        if spec.resume: run.say(f"resumed from step {run.state.step} ({run.state.train_ns/1e9:.1f}s charged)")
         warm_ns = warm_up(run, _compile_limit_s(spec, run.tcfg, mode, t0))   # takes the first snapshot
         if mode != "charged" and steps is None and not spec.resume:   # a finite final.pt from the start, write timed
             save_checkpoints(run, model_only=True)
             _update_reserve(run, clock)
-        clock.start(run.state["train_ns"], run.state.get("train_start_ns"))
+        clock.start(run.state.train_ns, run.state.train_start_ns)
         if run.world > 1:   # one schedule for all ranks: its origin is the slowest rank's start (they all wait for it)
             clock.train_start_ns = int(agree_max([clock.train_start_ns], run.world, run.ctrl)[0])
-        run.state["train_start_ns"] = clock.train_start_ns
+        run.state.train_start_ns = clock.train_start_ns
         watchdog = Watchdog(None if steps else budget_s)
-        if run.state["last_step_ns"]: watchdog.record(run.state["last_step_ns"])
-        else: run.state["last_step_ns"] = warm_ns[-1]
+        if run.state.last_step_ns: watchdog.record(run.state.last_step_ns)
+        else: run.state.last_step_ns = warm_ns[-1]
         try: status, why, last_loss = loop(run, clock, watchdog, callback, spec.ckpt_every_s, bar)
         except Exception as e:   # whatever happened, the last finite state is saved and scored (finish)
             status, why, last_loss = "crashed", f"{type(e).__name__}: {first_line(e, 200)}", float("nan")

@@ -58,15 +58,14 @@ def test_the_blend_is_blend_times_the_average_plus_the_rest_times_the_weights():
 def test_a_resumed_average_goes_on_as_the_same_average():
     "The average's state through torch.save/load (as resume.pt keeps it) continues exactly as the uninterrupted one."
     net = _net()
-    state = {}
-    a = ema_for(net, TrainConfig(ema_every=2, ema_decay=0.95), state)
+    a = ema_for(net, TrainConfig(ema_every=2, ema_decay=0.95))
     for step in range(5):
         _nudge(net)
         a.after_step(net, step)
     buf = io.BytesIO()
-    torch.save(dict(state), buf)
+    torch.save({"ema": a.state_dict()}, buf)   # resume.pt's "state"
     buf.seek(0)
-    b = ema_for(net, TrainConfig(ema_every=2, ema_decay=0.95), torch.load(buf, weights_only=True))
+    b = ema_for(net, TrainConfig(ema_every=2, ema_decay=0.95), torch.load(buf, weights_only=True)["ema"])
     assert b.updates == a.updates == 2   # after steps 1 and 3
     for step in range(5, 9):
         _nudge(net)

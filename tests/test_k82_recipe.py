@@ -56,7 +56,7 @@ def test_q_gain_and_the_norms_epsilon():
         for b in g.blocks: b.attn.qk_gain = 1.0
         assert not torch.allclose(g(idx), with_gain)
     eps = []
-    with ops.watched(["rms_norm"], lambda op, args, kw: eps.append(args[2])), ops.use_backend("torch"):
+    with ops.watched(["rms_norm"], lambda op, args, kw: eps.append(args[2])), g.using(ops.OpSet("torch")):
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16): g(idx)
         with torch.no_grad(): g(idx)
     assert set(eps) == {2.0 ** -7, 2.0 ** -23}   # bf16 under autocast (the chip), fp32 here: F.rms_norm(eps=None)

@@ -26,8 +26,7 @@ def test_grads_of_noncontiguous_model_layout():
     torch.manual_seed(0)
     x = [torch.randn(2, 256, 3, 64, requires_grad=True) for _ in range(3)]   # [B, T, H, d]
     g = torch.randn(2, 3, 256, 64)
-    with ops.use_backend("attention=nki-sim"):
-        y = ops.attention(*(t.transpose(1, 2) for t in x))
+    y = ops.attention(*(t.transpose(1, 2) for t in x), opset=ops.OpSet("attention=nki-sim"))
     (y * g).sum().backward()
     got = [t.grad.clone() for t in x]
     for t in x: t.grad = None
@@ -39,7 +38,7 @@ def test_skips_masked_tiles():
     "Causal skipping, counted in the Trace: n(n+1)/2 128x128 chunks forward and backward, not n²."
     if REAL_NKI: pytest.skip("Trace needs the emulator")
     q, k, v = (torch.randn(1, 1, 1024, 64, requires_grad=True) for _ in range(3))
-    with ops.use_backend("attention=nki-sim"): y = ops.attention(q, k, v)
+    y = ops.attention(q, k, v, opset=ops.OpSet("attention=nki-sim"))
     y.sum().backward()
     n = 1024 // 128
     assert last_trace().instructions["nc_transpose"] == n * (n + 1) // 2 + 4 * n  # backward: dSᵀ per pair; Q, dOᵀ, K, Vᵀ per tile
@@ -132,7 +131,7 @@ def test_rejects_mixed_dtypes():
 
 
 def test_import_registers_backends():
-    ops.backend_for("attention")   # loads the kernel modules
+    ops.AUTO.backend_for("attention")   # loads the kernel modules
     assert "nki-sim" in ops._IMPLS["attention"]
     assert NKI_REGISTERED == ("nki" in ops._IMPLS["attention"])
     if not REAL_NKI: assert not NKI_REGISTERED
@@ -165,8 +164,7 @@ def test_nki_backend_on_device():
     assert NKI_REGISTERED
     dev = torch.device("neuron")
     q, k, v = (torch.randn(1, 2, 512, 64, device=dev) for _ in range(3))
-    with ops.use_backend("attention=nki"):
-        y = ops.attention(q, k, v)
+    y = ops.attention(q, k, v, opset=ops.OpSet("attention=nki"))
     ref = F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu(), is_causal=True)
     torch.testing.assert_close(y.cpu(), ref, atol=1e-3, rtol=1e-3)
 
@@ -213,8 +211,7 @@ def test_dense_124m_instructions_stay_below_the_compiler_limit(d, heads, window)
 def _window_grads(q, k, v, do, window, backend):
     "Output and q, k, v gradients of ops.attention(window=...) on `backend` (torch: SDPA with the window mask)."
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    with ops.use_backend(f"attention={backend}"):
-        y = ops.attention(*xs, window=window)
+    y = ops.attention(*xs, window=window, opset=ops.OpSet(f"attention={backend}"))
     y.backward(do)
     return [y.detach()] + [x.grad for x in xs]
 
@@ -239,8 +236,7 @@ def test_window_reaches_the_kernels():
     "A windowed call runs the kernels (not a torch fallback) and they skip the tiles outside the window."
     if REAL_NKI: pytest.skip("Trace needs the emulator")
     q, k, v = (torch.randn(1, 1, 1024, 64, requires_grad=True) for _ in range(3))
-    with ops.use_backend("attention=nki-sim"):
-        y = ops.attention(q, k, v, window=512)
+    y = ops.attention(q, k, v, window=512, opset=ops.OpSet("attention=nki-sim"))
     fwd = last_trace().instructions
     y.sum().backward()
     bwd = last_trace().instructions
@@ -274,8 +270,8 @@ def test_window_at_the_kit_dense_124m_shape():
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 1, T, d, generator=g) for _ in range(4))
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    with ops.use_backend("attention=nki-sim"), torch.autocast("cpu", dtype=torch.bfloat16):
-        y = ops.attention(*xs, window=W)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.attention(*xs, window=W, opset=ops.OpSet("attention=nki-sim"))
     assert y.dtype == torch.bfloat16
     y.float().backward(do)
     ref = _window_grads(*(x.bfloat16().float() for x in (q, k, v)), do, W, "torch")
@@ -303,11 +299,11 @@ def _gqa_reference(q, k, v, do, window=None):
     return [y.detach()] + [x.grad for x in xs]
 
 
-def _gqa_errors(q, k, v, do, window=None, backend="nki-sim"):
-    "max|a − b| / max|b| of ops.attention's output and gradients (on `backend`) against `_gqa_reference`."
+def _gqa_errors(q, k, v, do, window=None, backend="nki-sim", fallback=True):
+    """max|a − b| / max|b| of ops.attention's output and gradients (on `backend`; `fallback`: the op set's) against
+    `_gqa_reference`."""
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    with ops.use_backend(f"attention={backend}"):
-        y = ops.attention(*xs, window=window)
+    y = ops.attention(*xs, window=window, opset=ops.OpSet(f"attention={backend}", fallback=fallback))
     y.backward(do.to(y.dtype))
     got = [y.detach()] + [x.grad for x in xs]
     return [((a.float() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, _gqa_reference(q, k, v, do, window))]
@@ -445,8 +441,8 @@ def test_offset_keys_need_nothing_of_the_kernel():
     for backend in ("nki-sim", "torch"):
         layer.zero_grad()
         xx = x.clone().requires_grad_()
-        with ops.use_backend(f"attention={backend}"):
-            y = layer(xx, cos, sin)
+        layer.opset = ops.OpSet(f"attention={backend}")   # what GPT.use_ops hands each layer
+        y = layer(xx, cos, sin)
         y.square().sum().backward()
         runs.append([y.detach(), xx.grad] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
     for a, b in zip(*runs):
@@ -466,11 +462,10 @@ def test_gqa_through_the_custom_op_stand_in(fake_torch_neuronx):
     """The `nki` backend's custom ops take K and V with their own head counts, and return their gradients so (with
     the fallback to PyTorch off: a kernel that raises fails the test)."""
     with ops.isolated():
-        ops.set_fallback(False)
         assert _register_nki(fake_torch_neuronx)
         for Hk, Hv in ((1, 4), (2, 2)):
             q, k, v, do = _gqa_inputs(1, 4, Hk, Hv, 256, 256, torch.float32, seed=6)
-            errs = _gqa_errors(q, k, v, do, window=100, backend="nki")
+            errs = _gqa_errors(q, k, v, do, window=100, backend="nki", fallback=False)
             assert max(errs) < TOL[torch.float32], errs
 
 
@@ -482,8 +477,8 @@ def test_production_shape_forward_and_backward_bf16(Hv):
     the bf16 tolerance and within 3× of PyTorch's own bf16 attention."""
     q, k, v, do = _gqa_inputs(8, 4, 1, Hv, 1024, 256, torch.float32, seed=8)
     xs = [x.clone().requires_grad_() for x in (q, k, v)]
-    with ops.use_backend("attention=nki-sim"), torch.autocast("cpu", dtype=torch.bfloat16):
-        y = ops.attention(*xs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ops.attention(*xs, opset=ops.OpSet("attention=nki-sim"))
     assert y.dtype == torch.bfloat16
     y.float().backward(do)
     ref = _gqa_reference(*(x.bfloat16() for x in (q, k, v)), do)

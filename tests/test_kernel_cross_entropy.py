@@ -11,12 +11,11 @@ from neuronfrontier.kernels import cross_entropy as ce
 
 def _run(backend, h, W, y, block_tiles=None, **kw):
     hh, WW = h.clone().requires_grad_(), W.clone().requires_grad_()
-    with ops.use_backend(backend):
-        if backend == "torch" or block_tiles is None:
-            l = ops.cross_entropy(hh, WW, y, **kw)
-        else:   # the simulator's kernel op directly, to force small blocks
-            l = ce._cross_entropy(ce._SIM_OP, "nki-sim", hh, WW, y, kw.get("softcap"), kw.get("reduction", "mean"),
-                                  kw.get("vocab_size"), block_tiles, kw.get("weights"))
+    if backend == "torch" or block_tiles is None:
+        l = ops.cross_entropy(hh, WW, y, **kw, opset=ops.OpSet(backend))
+    else:   # the simulator's kernel op directly, to force small blocks
+        l = ce._cross_entropy(ce._SIM_OP, "nki-sim", hh, WW, y, kw.get("softcap"), kw.get("reduction", "mean"),
+                              kw.get("vocab_size"), block_tiles, kw.get("weights"))
     (l.sum() if l.ndim else l).backward()
     return l.detach(), hh.grad, WW.grad
 
@@ -34,7 +33,7 @@ def _compare(h, W, y, rel=1e-5, block_tiles=None, **kw):
 def test_registered_backends():
     assert ops._IMPLS["cross_entropy"]["nki-sim"] is ce.cross_entropy_nki_sim
     if not sim.REAL_NKI: assert "nki" not in ops._IMPLS["cross_entropy"]   # guarded: only with the Neuron SDK
-    with ops.use_backend("cross_entropy=nki-sim"): assert ops.backend_for("cross_entropy") == "nki-sim"
+    assert ops.OpSet("cross_entropy=nki-sim").backend_for("cross_entropy") == "nki-sim"
 
 
 def test_d_pieces_narrow_vocab_tile_padded_tokens():
@@ -78,13 +77,14 @@ def test_reduction_none_and_single_counted_token():
 
 
 def test_refusals():
-    with ops.use_backend("cross_entropy=nki-sim"):
-        with pytest.raises(ValueError, match="targets"):
-            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(63, dtype=torch.long))
-        with pytest.raises(ValueError, match="disagree on d"):
-            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 256), torch.zeros(64, dtype=torch.long))
-        with pytest.raises(ValueError, match="unknown reduction"):
-            ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(64, dtype=torch.long), reduction="max")
+    opset = ops.OpSet("cross_entropy=nki-sim")
+    with pytest.raises(ValueError, match="targets"):
+        ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(63, dtype=torch.long), opset=opset)
+    with pytest.raises(ValueError, match="disagree on d"):
+        ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 256), torch.zeros(64, dtype=torch.long), opset=opset)
+    with pytest.raises(ValueError, match="unknown reduction"):
+        ops.cross_entropy(torch.randn(64, 128), torch.randn(512, 128), torch.zeros(64, dtype=torch.long), reduction="max",
+                          opset=opset)
 
 
 def test_hbm_traffic_formula_and_no_NxV_write():
@@ -245,10 +245,10 @@ def test_mtp_weights_are_a_kernel_input_through_the_nki_op(fake_torch_neuronx):
 
 def test_mtp_refusals():
     h, W, t = torch.randn(64, 128), torch.randn(512, 128), torch.zeros(64, 3, dtype=torch.long)
-    with ops.use_backend("cross_entropy=nki-sim"):
-        with pytest.raises(ValueError, match=r"must be \[N\]=\[64\] \(or \[N, k\] with weights \[k\]\)"):
-            ops.cross_entropy(h, W, t)
-        with pytest.raises(ValueError, match="one weight each"):
-            ops.cross_entropy(h, W, t, weights=torch.ones(2))
-        with pytest.raises(ValueError, match="at most 8"):
-            ops.cross_entropy(h, W, torch.zeros(64, 9, dtype=torch.long), weights=torch.ones(9))
+    opset = ops.OpSet("cross_entropy=nki-sim")
+    with pytest.raises(ValueError, match=r"must be \[N\]=\[64\] \(or \[N, k\] with weights \[k\]\)"):
+        ops.cross_entropy(h, W, t, opset=opset)
+    with pytest.raises(ValueError, match="one weight each"):
+        ops.cross_entropy(h, W, t, weights=torch.ones(2), opset=opset)
+    with pytest.raises(ValueError, match="at most 8"):
+        ops.cross_entropy(h, W, torch.zeros(64, 9, dtype=torch.long), weights=torch.ones(9), opset=opset)

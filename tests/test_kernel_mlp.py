@@ -61,8 +61,7 @@ def test_mixed_weight_dtype():
     "bf16 activations with fp32 master weights: gradients come back in the weights' dtype."
     x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
     wu, wd = (torch.randn(384, 256) / 16).requires_grad_(), (torch.randn(256, 384) / 20).requires_grad_()
-    with ops.use_backend("relu2_mlp=nki-sim"):
-        y = ops.relu2_mlp(x, wu, wd, 0.35)
+    y = ops.relu2_mlp(x, wu, wd, 0.35, opset=ops.OpSet("relu2_mlp=nki-sim"))
     y.float().sum().backward()
     assert y.dtype == torch.bfloat16 and wu.grad.dtype == wd.grad.dtype == torch.float32
     assert x.grad.dtype == torch.bfloat16
@@ -133,8 +132,8 @@ def test_nki_backend_honours_autocast(fake_torch_neuronx):
         grads = {}
         for backend in ("torch", "nki"):
             xs, us, ds = (t.clone().requires_grad_() for t in (x, wu, wd))
-            with ops.use_backend(f"relu2_mlp={backend}"), torch.autocast("cpu", dtype=torch.bfloat16):
-                y = ops.relu2_mlp(xs, us, ds, 0.35)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = ops.relu2_mlp(xs, us, ds, 0.35, opset=ops.OpSet(f"relu2_mlp={backend}"))
             assert y.dtype == torch.bfloat16
             y.float().square().mean().backward()
             grads[backend] = (xs.grad, us.grad, ds.grad)

@@ -37,12 +37,12 @@ def test_one_or_two_logical_cores(monkeypatch, lnc):
 
 def test_backend_routing_and_grad_flag():
     x = torch.randn(3, 128, requires_grad=True); w = torch.ones(128, requires_grad=True)
-    with ops.use_backend("rms_norm=nki-sim"):
-        assert ops.backend_for("rms_norm") == "nki-sim"
-        y = ops.rms_norm(x, w)
+    opset = ops.OpSet("rms_norm=nki-sim")
+    assert opset.backend_for("rms_norm") == "nki-sim"
+    y = ops.rms_norm(x, w, opset=opset)
     assert y.requires_grad and y.grad_fn is not None
-    with torch.no_grad(), ops.use_backend("rms_norm=nki-sim"):
-        assert not ops.rms_norm(x, w).requires_grad
+    with torch.no_grad():
+        assert not ops.rms_norm(x, w, opset=opset).requires_grad
 
 
 @pytest.mark.parametrize("x,w,msg", [

@@ -27,8 +27,7 @@ def test_mixed_weight_dtype():
     "bf16 activations with fp32 master weights: gradients come back in the weights' dtype."
     x = torch.randn(64, 256, dtype=torch.bfloat16, requires_grad=True)
     wg = (torch.randn(384, 256) / 16).requires_grad_(); wu = (torch.randn(384, 256) / 16).requires_grad_()
-    with ops.use_backend("swiglu=nki-sim"):
-        h = ops.swiglu(x, wg, wu)
+    h = ops.swiglu(x, wg, wu, opset=ops.OpSet("swiglu=nki-sim"))
     h.float().sum().backward()
     assert h.dtype == torch.bfloat16 and wg.grad.dtype == torch.float32 and x.grad.dtype == torch.bfloat16
 
@@ -108,8 +107,8 @@ def test_nki_backend_honours_autocast(fake_torch_neuronx):
         grads = {}
         for backend in ("torch", "nki"):
             xs, gs, us = (t.clone().requires_grad_() for t in (x, wg, wu))
-            with ops.use_backend(f"swiglu={backend}"), torch.autocast("cpu", dtype=torch.bfloat16):
-                h = ops.swiglu(xs, gs, us)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = ops.swiglu(xs, gs, us, opset=ops.OpSet(f"swiglu={backend}"))
             assert h.dtype == torch.bfloat16
             h.float().square().mean().backward()
             grads[backend] = (xs.grad, gs.grad, us.grad)

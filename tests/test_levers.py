@@ -102,7 +102,8 @@ def _repeating_forward(self, x, cos, sin, ve=None):
     if ve is not None and self.ve_mix is not None: v = self.ve_mix[0] * v + self.ve_mix[1] * ve.view_as(v)
     elif ve is not None:
         v = v + 2 * torch.sigmoid(self.ve_gate(x[..., :self.ve_gate.in_features]))[..., None] * ve.view_as(v)
-    y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window)
+    y = ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, window=self.window,
+                      opset=self.opset)
     return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -128,7 +129,7 @@ def test_gqa_attention_gets_unrepeated_kv_and_the_same_bits(recipe, sets):
             if repeating:
                 for b in g.blocks: b.attn.forward = types.MethodType(_repeating_forward, b.attn)
             record = lambda op, args, kw: heads.append((args[1].shape[1], args[2].shape[1])) if not repeating else None
-            with ops.use_backend("torch"), ops.watched(["attention"], record), \
+            with g.using(ops.OpSet("torch")), ops.watched(["attention"], record), \
                     torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss = g.loss(idx[:, :-1], idx[:, 1:])
             loss.backward()
@@ -245,7 +246,7 @@ def test_mtp_loss_and_gainless_norms_run_through_the_kernels():
                                        real[op](*a, **kw))[1]
     out = {}
     for be in ("torch", "cross_entropy=nki-sim,rms_norm=nki-sim"):
-        g.kernels = be
+        g.use_ops(ops.OpSet(be))
         g.zero_grad()
         with ops.replaced({op: spy(op) for op in ("cross_entropy", "rms_norm")}, backend="nki-sim"):
             l = g.loss(x, y, mtp=w)

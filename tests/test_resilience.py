@@ -20,7 +20,7 @@ FAST = ["eval_tokens=8192"]
 
 @pytest.fixture
 def faults(monkeypatch):
-    "Set NF_FAULT for one test; the ops table and backends are put back afterwards."
+    "Set NF_FAULT for one test; the ops table (implementations, kernel importer) is put back afterwards."
     ops.load_kernels()   # before the copy: kernels registered during the test would otherwise be lost for good
     with ops.isolated():
         yield lambda spec: monkeypatch.setenv("NF_FAULT", spec)
@@ -269,3 +269,4 @@ def test_faults_stay_outside_the_trainer():
     with ops.isolated():
         none = R.install_faults(R.parse_faults(None))
     assert none.step(T.train_step) is T.train_step and none.save(len) is len and not none.faults
+    assert none.ops(ops.AUTO) is ops.AUTO   # the op-set wrapper too

@@ -21,10 +21,10 @@ def _near(a, b, tol=2e-2):
 
 def _kernel_op(op, *args, **kw):
     "Run `op` on the NKI simulator and on torch; they agree."
-    with ops.use_backend(f"{op}=nki-sim"):
-        assert ops.backend_table()[op] == "nki-sim"
-        got = getattr(ops, op)(*args, **kw)
-    with ops.use_backend("torch"): ref = getattr(ops, op)(*args, **kw)
+    opset = ops.OpSet(f"{op}=nki-sim")
+    assert opset.table()[op] == "nki-sim"
+    got = getattr(ops, op)(*args, **kw, opset=opset)
+    ref = getattr(ops, op)(*args, **kw, opset=ops.OpSet("torch"))
     _near(got, ref)
 
 
@@ -151,8 +151,7 @@ def _torchneuron(data):
     tnx = TorchNeuronStandIn()
     try:
         assert rmsnorm._register_nki(tnx.module)
-        with ops.use_backend("rms_norm=nki"):
-            got = ops.rms_norm(torch.randn(128, 128, generator=g), torch.ones(128))
+        got = ops.rms_norm(torch.randn(128, 128, generator=g), torch.ones(128), opset=ops.OpSet("rms_norm=nki"))
         assert got.shape == (128, 128) and [c.kernel for c in tnx.calls] == ["rmsnorm_fwd_kernel"]
     finally:
         ops._IMPLS["rms_norm"].pop("nki", None)
@@ -220,7 +219,7 @@ CALLS = {
     "neuronfrontier.loss": lambda data: importlib.import_module("neuronfrontier.loss").chunked_cross_entropy(
         torch.randn(8, 16), torch.randn(32, 16), torch.randint(0, 32, (8,))),
     "neuronfrontier.model": lambda data: _micro()(torch.randint(0, 8192, (1, 16))),
-    "neuronfrontier.ops": lambda data: ops.backend_table("cpu"),
+    "neuronfrontier.ops": lambda data: ops.AUTO.table("cpu"),
     "neuronfrontier.optim": lambda data: importlib.import_module("neuronfrontier.optim").zeropower_via_newtonschulz5(torch.randn(8, 16)),
     "neuronfrontier.plan": lambda data: importlib.import_module("neuronfrontier.plan").parse_duration("4h") == 14400,
     "neuronfrontier.sim": _sim,

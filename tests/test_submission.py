@@ -38,12 +38,14 @@ def test_train_py_is_self_contained_and_generated(sub):
     assert B.scan_imports(src) == [] and B.unresolved_names(src) == []
     assert "neuronfrontier" not in "".join(l for l in src.splitlines() if "import" in l)
     assert "CONFIG = 'cpu-micro'  # baked by neuronfrontier export" in src and "def load_for_eval(" in src
-    # sections in notebook order, comments kept, package prefixes gone; ops.backend_for and config.resolve both kept
+    # sections in notebook order, comments kept, package prefixes gone; ops.OpSet (its backend_for), ops.resolve_backend
+    # and config.resolve all kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
     assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim",
                                                      "phases", "resilience", "clock", "distributed", "evaluate", "averaging",
                                                      "batches", "checkpoint", "spikes", "trainer", "flags", "submission")]
     assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
+    assert "class OpSet" in src and "def resolve_backend(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
     # the NKI kernel files it uses on trn2 (--kernels: kernels=auto): the package's kernel modules, byte for byte
     assert "KERNEL_MODULES = ('nf_kernels',)" in src

@@ -248,15 +248,21 @@ def test_load_for_eval_pins_torch_ops_on_the_model_only(pydocs, tmp_path, monkey
     def refuse(*a, **k): raise AssertionError("an nki-sim kernel ran")
     for op in ops.OPS: monkeypatch.setitem(ops._IMPLS[op], "nki-sim", refuse)
     idx = torch.randint(0, 8192, (1, 128))
-    with ops.use_backend("nki-sim"):  # what a process with kernels selected looks like
-        m = load_for_eval(ck, torch.device("cpu"))
-        logits = m(idx)                            # the scorer's forward: plain PyTorch ops
-        assert ops.backend_asked() == {op: "nki-sim" for op in ops.OPS}  # the process-wide setting is untouched
-        with pytest.raises(AssertionError, match="nki-sim kernel ran"):
-            load_for_eval(ck, torch.device("cpu"), kernels=None)(idx)  # opting out follows the process setting
-    with ops.use_backend("torch"):  # the same logits as an unpinned model on the torch backend
-        ref = GPT(m.cfg); ref.load_state_dict(m.state_dict())
-        torch.testing.assert_close(ref.eval()(idx), logits)
+    trained = GPT(CONFIGS["cpu-micro"], kernels="nki-sim")  # what a process with kernels selected holds
+    trained_ops = trained.opset
+    m = load_for_eval(ck, torch.device("cpu"))
+    logits = m(idx)                                # the scorer's forward: plain PyTorch ops
+    assert m.opset.asked == {op: "torch" for op in ops.OPS}
+    assert trained.opset is trained_ops and trained_ops.asked == {op: "nki-sim" for op in ops.OPS}  # untouched
+    assert ops.AUTO.asked == {op: "auto" for op in ops.OPS}  # and so is the op set of calls that name none
+    unpinned = load_for_eval(ck, torch.device("cpu"), kernels=None)
+    assert unpinned.opset.asked == {op: "auto" for op in ops.OPS}   # opting out: the model runs auto
+    with pytest.raises(AssertionError, match="nki-sim kernel ran"):
+        with unpinned.using(trained_ops): unpinned(idx)   # ... and whatever op set it is then handed
+    with pytest.raises(AssertionError, match="nki-sim kernel ran"):
+        load_for_eval(ck, torch.device("cpu"), kernels="nki-sim")(idx)  # a pin other than torch is followed
+    ref = GPT(m.cfg, kernels="torch"); ref.load_state_dict(m.state_dict())  # the same logits as a model on torch
+    torch.testing.assert_close(ref.eval()(idx), logits)
 
 
 def test_model_pt_is_weights_only_and_resume_pt_has_the_rest(pydocs, tmp_path):
