@@ -74,7 +74,7 @@ class RunState:
     train_ns: int = 0                    # training time charged so far
     tokens: int = 0                      # tokens trained on, all ranks
     last_step_ns: int = 0                # the last step's duration: the watchdog's and the schedule's prediction
-    ns_dtype: str = "float32"            # Muon's Newton–Schulz dtype (a resumed run goes on in it)
+    ns_dtype: str = "fp32"               # Muon's Newton–Schulz dtype, 'fp32' or 'bf16' (a resumed run goes on in it)
     frac: float | None = None            # the last step's place in the schedule (None: no step yet)
     free_ns: int = 0                     # competition mode: the excluded steps' own time
     train_start_ns: int | None = None    # when the charged clock started (competition mode)

@@ -158,7 +158,7 @@ class ShardedDataParallel(DataParallel):
             out.append(s | {"state": state})
         return out
     def eval_model(self, model) -> torch.nn.Module:
-        replica = GPT(model.cfg, kernels=model.opset)
+        replica = GPT(model.cfg, kernels=model.opset.pinned({}))   # a copy: its fallbacks stay its own
         replica.load_state_dict(self.consolidated(model, [])[0])
         dev = next(model.parameters()).device
         return replica.to(dev).train(model.training)

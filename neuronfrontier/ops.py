@@ -330,11 +330,14 @@ def set_kernel_importer(importer) -> callable:
 # %% ../nbs/05_ops.ipynb #d33750ad
 @contextlib.contextmanager
 def isolated():
-    "Context manager: the block's changes to the registry (implementations, importer, load failures) are undone after."
+    """Context manager: the block's changes to the registry (implementations, importer, load failures) and to `AUTO`
+    (a kernel given up by a call that named no op set) are undone after."""
     impls, state = {op: dict(t) for op, t in _IMPLS.items()}, {**_state, "load_failures": dict(_state["load_failures"])}
+    auto = (dict(AUTO.asked), dict(AUTO.fell_back))
     try: yield
     finally:
         for op, table in impls.items():
             _IMPLS[op].clear()
             _IMPLS[op].update(table)
         _state.update(state)
+        AUTO.asked, AUTO.fell_back = auto

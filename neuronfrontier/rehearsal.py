@@ -150,7 +150,8 @@ def _import_submission(standin):
     sys.path.insert(0, os.getcwd())
     train = importlib.import_module("train")
     if missing := [n for n in _NAMES if not hasattr(train, n)]:
-        raise LookupError(f"train.py defines no {', '.join(missing)}: not a submission `neuronfrontier export` wrote")
+        raise LookupError(f"train.py defines no {', '.join(missing)}: not a submission this version of "
+                          f"`neuronfrontier export` wrote; export it again")
     return train
 
 # %% ../nbs/92_rehearsal.ipynb #a7fd8826

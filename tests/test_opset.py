@@ -54,3 +54,11 @@ def test_a_failing_kernel_falls_back_on_its_own_op_set():
         torch.testing.assert_close(y, ops.rms_norm_torch(x, None, 1e-6))
         assert flaky.asked["rms_norm"] == "torch" and "ZeroDivisionError" in flaky.fell_back["rms_norm"]
         assert other.asked["rms_norm"] == "nki" and other.fell_back == {}
+
+
+def test_isolated_undoes_what_a_block_did_to_auto():
+    "A kernel given up by a call that named no op set changes `AUTO`; `isolated` (every fault test's guard) undoes it."
+    with ops.isolated():
+        ops.AUTO.asked = {**ops.AUTO.asked, "rms_norm": "torch"}
+        ops.AUTO.fell_back["rms_norm"] = "RuntimeError: a test's failing kernel"
+    assert ops.AUTO.asked == ops.parse_backend("auto") and ops.AUTO.fell_back == {}
