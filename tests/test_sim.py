@@ -511,6 +511,21 @@ def test_memory_limits():
     _trips(sbuf_live, r"memset: live SBUF 229376 bytes per partition exceeds the budget of 196608 bytes \(newest tile 'b'")
 
 
+def test_limits_bind_inside_a_kernel_only():
+    """Tiles held outside any kernel (a notebook's examples, an earlier notebook in the same test worker) add up on the
+    process-wide scratch state; they must not make a later top-level example trip a limit no kernel reaches."""
+    held = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum, name=f'held{i}') for i in range(9)]
+    big = [nl.ndarray((128, n * 1024), dtype=nl.float32, buffer=nl.sbuf, name=f'big{n}') for n in (32, 24)]
+    nisa.memset(held[0], 0.0)   # 9 PSUM banks and 224 KiB of SBUF live outside a kernel: counted, not refused
+
+    def nine_banks():           # the same inside a kernel is refused, whatever the scratch state holds
+        tiles = [nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum, name=f'p{i}') for i in range(9)]
+        nisa.memset(tiles[0], 0.0)
+    _trips(nine_banks, r"live PSUM 18432 bytes per partition exceeds the limit of 16384 bytes")
+    _run1(lambda: nisa.memset(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum), 0.0))   # and one bank is fine
+    del held, big
+
+
 def test_dma_rules():
     def from_psum(x):
         nisa.dma_copy(dst=x, src=nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))

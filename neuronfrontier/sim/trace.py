@@ -293,14 +293,14 @@ def _tick(op, eng, n_isa=1, vec=0, act=0, pool=0, flops=0, pe=0, fresh=None, flo
         if not st.dry: tr.timeline.append((len(tr.timeline), s, p))
         return _HANDLE
     hw = st.hw
-    if s > hw.sbuf_budget_pp:
+    if st.active and s > hw.sbuf_budget_pp:
         n = st.newest[sbuf]
         _fail(
             op,
             f'live SBUF {s} bytes per partition exceeds the budget of {hw.sbuf_budget_pp} bytes (newest tile {n[0]!r} '
             f'shape {n[1]} {n[2]}); drop references to dead tiles or use smaller tiles',
         )
-    if p > hw.psum_bytes_pp:
+    if st.active and p > hw.psum_bytes_pp:
         n = st.newest[psum]
         _fail(
             op,
