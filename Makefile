@@ -40,7 +40,7 @@ sync-check: install
 lint: install
 	$(BIN)/ruff check --select F401,F821,F811 neuronfrontier tests
 	$(BIN)/python tools/lint_style.py
-	$(BIN)/python -c "from neuronfrontier.bundler import lint_bundled as l; p = l(); p and print(*p, sep='\n'); exit(bool(p))"
+	$(BIN)/python -c "from neuronfrontier.submission.bundler import lint_bundled as l; p = l(); p and print(*p, sep='\n'); exit(bool(p))"
 
 nbtest: install
 	$(BIN)/nbdev-test --n-workers 2

@@ -6,7 +6,7 @@
     python benchmarks/ablation.py --variants frontier "frontier + relu2" "frontier + normuon" --reference frontier
 
 Every run trains the same preset on the same prepared data for the same charged budget and is scored on the
-same validation tokens; the sweep machinery (`neuronfrontier.sweep`) runs them, resumes an interrupted ablation
+same validation tokens; the sweep machinery (`neuronfrontier.research.sweep`) runs them, resumes an interrupted ablation
 (run the same command again) and writes results.jsonl, table.csv/table.md and the plots into --out. Printed:
 val_bpb mean ± sd over seeds, Δ to the reference variant, tokens/s, steps. Numbers are measured on whatever
 machine runs the script (label them so when you quote them).
@@ -78,7 +78,7 @@ def _finite(v): return None if isinstance(v, float) and not math.isfinite(v) els
 def results_json(rows: list[dict], settings: dict, reference: str, meta: dict) -> dict:
     """The results file of an ablation: `meta`, one row per finished run (the sweep's rows without their run
     directory) and one summary row per variant (val_bpb mean and sd, Δ to `reference`, tok/s, steps); NaN as null."""
-    from neuronfrontier.sweep import summarize
+    from neuronfrontier.research.sweep import summarize
     runs = [{k: _finite(v) for k, v in r.items() if k != "run_dir"} for r in rows]
     summary = [{k: _finite(v) for k, v in s.items()} for s in summarize(rows, list(settings), reference)]
     return {"meta": meta, "rows": runs, "summary": summary}
@@ -113,8 +113,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     unknown = [v for v in a.variants if v not in VARIANTS]
     if unknown: ap.error(f"unknown variant(s) {', '.join(map(repr, unknown))}; choose from: {', '.join(VARIANTS)}")
-    from neuronfrontier.data import prepare
-    from neuronfrontier.sweep import run_sweep
+    from neuronfrontier.data.shards import prepare
+    from neuronfrontier.research.sweep import run_sweep
     data = prepare(Path(a.data), log=lambda *x: None)
     settings = {v: VARIANTS[v] for v in a.variants}
     command = f"python benchmarks/ablation.py {shlex.join(argv if argv is not None else sys.argv[1:])}"
@@ -123,7 +123,7 @@ def main(argv=None):
     rows, failures = run_sweep(a.config, settings, a.seeds, a.out, data, None if a.steps else a.budget, a.steps, None,
                                a.sets, a.jobs, a.threads, a.device, reference, log=lambda m: print(m, flush=True))
     if a.json:
-        from neuronfrontier.sweep import available_cpus
+        from neuronfrontier.research.sweep import available_cpus
         devices, machine = run_devices(rows), a.machine or describe_machine()
         on = "CPU" if devices == ["cpu"] else ", ".join(devices)
         meta = dict(command=command, config=a.config, **({"steps": a.steps} if a.steps else {"budget_s": a.budget}),

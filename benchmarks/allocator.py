@@ -14,10 +14,10 @@ import argparse, json, os, subprocess, sys
 
 STEP = """
 import json, resource, sys, torch
-from neuronfrontier.config import resolve
-from neuronfrontier.model import GPT
-from neuronfrontier.optim import build_optimizers
-from neuronfrontier.trainer import train_step, reuse_freed_memory
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.engine.optim import build_optimizers
+from neuronfrontier.run.trainer import train_step, reuse_freed_memory
 if sys.argv[1] == "1": reuse_freed_memory()
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -45,7 +45,7 @@ def main(argv=None):
     ap.add_argument("--set", dest="sets", action="append", default=[])
     a = ap.parse_args(argv)
     import torch
-    from neuronfrontier.precision import cpu_report
+    from neuronfrontier.engine.precision import cpu_report
     print(f"CPU: {cpu_report()}, load average {os.getloadavg()[0]:.2f}, torch {torch.__version__}")
     print(f"{'repeat':>6} {'default faults':>15} {'tuned faults':>13} {'ratio':>6} {'default sys ms':>15} "
           f"{'tuned sys ms':>13}")

@@ -37,7 +37,7 @@ def _best_ms(a, b, repeats):
 
 def measure(repeats: int) -> dict:
     import torch
-    from neuronfrontier.precision import cpu_report, probe_cpu_bf16
+    from neuronfrontier.engine.precision import cpu_report, probe_cpu_bf16
     g = torch.Generator().manual_seed(0)
     rows = []
     for M, K, N, what in ROWS:
@@ -63,7 +63,7 @@ def main(argv=None):
         return
     runs = {"as dispatched": measure(a.repeats)}
     if a.avx2:
-        from neuronfrontier.precision import AVX2_ENV
+        from neuronfrontier.engine.precision import AVX2_ENV
         r = subprocess.run([sys.executable, __file__, "--raw", "--repeats", str(a.repeats)], capture_output=True,
                            text=True, check=True, env=os.environ | AVX2_ENV)
         runs["as AVX2"] = json.loads(r.stdout)

@@ -40,7 +40,7 @@ def _randn(rows, cols, dtype, scale, g, block=256):
 
 def worker(a):
     import torch
-    from neuronfrontier.loss import naive_cross_entropy, chunked_cross_entropy, auto_chunk_size
+    from neuronfrontier.engine.loss import naive_cross_entropy, chunked_cross_entropy, auto_chunk_size
     if a.threads: torch.set_num_threads(a.threads)
     f = dict(naive=naive_cross_entropy, chunked=chunked_cross_entropy)[a.variant]
     dtype = dict(fp32=torch.float32, bf16=torch.bfloat16)[a.dtype]

@@ -32,7 +32,7 @@ def run(config, nproc, global_batch, steps, data, out):
 
 def roofline(batch_rows: int, cores: int = 8):
     from neuronfrontier import hw
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     m, _ = resolve("dense-124m")
     tokens = batch_rows * m.seq_len
     core = hw.get_device("trn2-core")
@@ -50,7 +50,7 @@ def main(argv=None):
     ap.add_argument("--data", default=str(ROOT / "data/cache/pydocs"))
     ap.add_argument("--trn-batch", type=int, default=64, help="dense-124m global batch in 2048-token rows for the estimate")
     a = ap.parse_args(argv)
-    from neuronfrontier.data import prepare
+    from neuronfrontier.data.shards import prepare
     data = prepare(Path(a.data), log=lambda *x: None)
     with tempfile.TemporaryDirectory() as tmp:
         res = {n: run(a.config, n, a.global_batch, a.steps, data, Path(tmp) / f"n{n}") for n in (1, 2)}

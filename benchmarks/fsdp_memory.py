@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RANK = r"""
 import json, sys, torch, torch.distributed as dist
-from neuronfrontier.config import resolve
-from neuronfrontier.model import GPT
-from neuronfrontier.distributed import parallelize
-from neuronfrontier.optim import build_optimizers, local_shard
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.run.distributed import parallelize
+from neuronfrontier.engine.optim import build_optimizers, local_shard
 config, seq_len, fsdp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 torch.set_num_threads(1)
 dist.init_process_group("gloo")

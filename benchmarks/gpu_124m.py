@@ -47,8 +47,8 @@ def main(argv=None) -> int:
         print("gpu_124m: no CUDA device on this machine; nothing measured (run it where a GPU is lent)")
         return 0
     sys.path.insert(0, str(ROOT))
-    from neuronfrontier.config import DEFAULT_RECIPE
-    from neuronfrontier.data import prepare
+    from neuronfrontier.engine.config import DEFAULT_RECIPE
+    from neuronfrontier.data.shards import prepare
     data = Path(a.data)
     if not (data / "tokenizer").exists(): prepare(data, source="embedded")
     gpu = torch.cuda.get_device_name(0)

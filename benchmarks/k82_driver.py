@@ -5,7 +5,7 @@ K82s4 is `recipes/K82s4/train.py` of marker2601/trainium-simulator at commit d4c
 (252,013 characters; docs/k82s4.md reads it line by line, "l.N" below is a line of that file). None of its code is in
 this repository: `load` reads the file from a path given at run time, applies the few textual patches in `PATCHES`
 (each must match exactly once) to the text in memory, and runs it as a module whose `prepare` is our stand-in
-`neuronfrontier.kit_prepare`. Everything else calls K82s4's own functions and classes.
+`neuronfrontier.submission.kit_prepare`. Everything else calls K82s4's own functions and classes.
 
     python benchmarks/k82_driver.py /path/to/K82s4/train.py --steps 40 --out /tmp/k82run   # `train`, then scores it
 
@@ -112,7 +112,7 @@ def document_batches(split: str, rank: int, world: int, tokenizer_batch_size: in
     """(texts, epoch): this rank's share of the split's row groups (every world-th, as the stand-in's `_documents`
     takes them), each row group's texts in chunks of `tokenizer_batch_size`; training cycles, epochs from 0."""
     import pyarrow.parquet as pq
-    from neuronfrontier import kit_prepare
+    from neuronfrontier.submission import kit_prepare
     groups = [(p, g) for p in kit_prepare._shards(split) for g in range(pq.ParquetFile(p).num_row_groups)]
     epoch = 0
     while True:
@@ -129,7 +129,7 @@ def document_batches(split: str, rank: int, world: int, tokenizer_batch_size: in
 
 def prepare_module() -> types.ModuleType:
     """A module named `prepare` holding the stand-in's names; its own `_document_batches` when it has one."""
-    from neuronfrontier import kit_prepare
+    from neuronfrontier.submission import kit_prepare
     mod = types.ModuleType("prepare")
     mod.__dict__.update({k: v for k, v in vars(kit_prepare).items() if not k.startswith("__")})
     mod.__file__ = kit_prepare.__file__
@@ -222,7 +222,7 @@ def model(mod, seed: int | None = None, tok=None):
 
 def our_config(**sets):
     """Our trn2 model at the small shape: resolve("cpu-tiny", recipe="trn2") with d_model 256, 4 layers, T 256."""
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     base = dict(d_model=256, n_layers=4, seq_len=256, eval_seq_len=256) | sets
     return resolve("cpu-tiny", recipe="trn2", sets=[f"{k}={v}" for k, v in base.items()])[0]
 
@@ -254,7 +254,7 @@ def _k82_names(n_layer: int, ve_layers) -> dict:
 
 def _ours_meta(our_cfg) -> dict:
     """Our model's state_dict (name -> tensor on the meta device): names, shapes and dtypes."""
-    from neuronfrontier.model import GPT
+    from neuronfrontier.engine.model import GPT
     with torch.device("meta"):
         return GPT(our_cfg).state_dict()
 
@@ -676,7 +676,7 @@ def main(argv=None) -> int:
     summary = train(a.path, a.seed, a.steps, a.out)
     mod = load(a.path, seed=a.seed)
     m = load_for_eval(mod, Path(a.out) / "final.pt")
-    from neuronfrontier import kit_prepare
+    from neuronfrontier.submission import kit_prepare
     bpb = kit_prepare.evaluate_bpb(m, tokenizer(mod), 8, mod.SEQ_LEN, torch.device("cpu"), max_tokens=a.eval_tokens)
     print(json.dumps({"steps": summary["steps"], "seconds_per_step": summary["seconds_per_step"],
                       "saved_weights": summary["saved_weights"], "val_bpb": bpb["val_bpb"]}))

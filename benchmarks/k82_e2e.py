@@ -54,7 +54,7 @@ def run_ours(seed: int, steps: int, out: Path, shape: dict, data: Path) -> dict:
 
 def score(model, tok, seq_len: int, tokens: int) -> float:
     "val_bpb of `model` by our stand-in's evaluate_bpb on the first `tokens` tokens of validation stream rows."
-    from neuronfrontier import kit_prepare
+    from neuronfrontier.submission import kit_prepare
     with torch.no_grad():
         scored = kit_prepare.evaluate_bpb(model, tok, 8, seq_len, torch.device("cpu"), max_tokens=tokens)
         return float(scored["val_bpb"])
@@ -69,7 +69,7 @@ def one(recipe: str, seed: int, a, mod, tok, shape: dict) -> dict:
         info = K.train(a.k82, seed, a.steps, run_dir, **{k: v for k, v in shape.items() if k != "seed"})
         model = K.load_for_eval(mod, run_dir / "final.pt")
     else:
-        from neuronfrontier.checkpoint import load_for_eval
+        from neuronfrontier.run.checkpoint import load_for_eval
         info = run_ours(seed, a.steps, run_dir, shape, a.data)
         model = load_for_eval(str(run_dir / "final.pt"), torch.device("cpu"))
     rec = {"recipe": recipe, "seed": seed, "steps": a.steps, "val_bpb": score(model, tok, shape["seq_len"], a.tokens),

@@ -134,7 +134,7 @@ def worst(ours: dict, theirs: dict, floor: float = 0.0, keep: dict | None = None
 # ---------------------------------------------------------------------------------------------------------------------
 def our_configs(world: int = 1):
     """(ModelConfig, TrainConfig) of `trn2-124m` at the small shape, with one of `world` ranks' micro-batches."""
-    from neuronfrontier.config import rank_batch, resolve
+    from neuronfrontier.engine.config import rank_batch, resolve
     mcfg, tcfg = resolve("trn2-124m", None, list(OUR_SETS))
     return mcfg, rank_batch(tcfg, mcfg.seq_len, world)
 
@@ -158,8 +158,8 @@ def torchrun_env(rank: int, world: int):
 def our_kit_rows(tcfg, seq_len: int, rank: int, world: int, seed: int, n: int) -> list:
     """Our first `n` micro-batches as a submission makes them on the organisers' machine: the kit's tokenizer and
     `_document_batches` through `submission.kit_rows` and `batches._training_rows` (StreamRows, RollingPool)."""
-    from neuronfrontier import kit_prepare, submission
-    from neuronfrontier.batches import _training_rows
+    from neuronfrontier.submission import kit_prepare, entry as submission
+    from neuronfrontier.data.batches import _training_rows
     tok = kit_prepare.ensure_tokenizer(build_if_missing=False)
     spec = SimpleNamespace(rows=submission.kit_rows(kit_prepare, tok))
     with torchrun_env(rank, world):
@@ -169,8 +169,8 @@ def our_kit_rows(tcfg, seq_len: int, rank: int, world: int, seed: int, n: int) -
 
 def our_shard_rows(data_dir: Path, tcfg, seq_len: int, rank: int, world: int, seed: int, n: int) -> list:
     """Our first `n` micro-batches as the engine makes them from the prepared shards (`batches.rank_loader`)."""
-    from neuronfrontier.batches import rank_loader
-    from neuronfrontier.data import find_shards, load_tokenizer
+    from neuronfrontier.data.batches import rank_loader
+    from neuronfrontier.data.shards import find_shards, load_tokenizer
     paths, _ = find_shards(data_dir)
     enc, _ = load_tokenizer(data_dir / "tokenizer")
     _, rows = rank_loader(paths, enc, tcfg, seq_len, rank, world, seed)
@@ -180,7 +180,7 @@ def our_shard_rows(data_dir: Path, tcfg, seq_len: int, rank: int, world: int, se
 def set_our_state(model, opts, state: dict) -> None:
     """Write optimizer state by our names (`k82_driver.state_to_ours`'s layout) into our Muon and AdamW: Muon's
     `momentum_buffer` and NorMuon's `second_moment`, AdamW's `exp_avg`, `exp_avg_sq` and `step`."""
-    from neuronfrontier.optim import Muon
+    from neuronfrontier.engine.optim import Muon
     params = dict(model.named_parameters())
     muon = next(o for o in opts if isinstance(o, Muon))
     adamw = next(o for o in opts if isinstance(o, torch.optim.AdamW))
@@ -214,8 +214,8 @@ def our_state(model, opts) -> dict:
 def our_step_on(model, opts, grads: dict, tcfg, frac: float, step: int, full_batches: float) -> None:
     """One step of our optimizers on given gradients, with the schedule as `train.train_step` applies it
     (`batch_phase`'s rate into `apply_schedule`, then each optimizer's step)."""
-    from neuronfrontier.optim import apply_schedule
-    from neuronfrontier.phases import batch_phase
+    from neuronfrontier.engine.optim import apply_schedule
+    from neuronfrontier.engine.phases import batch_phase
     _, phase_lr = batch_phase(tcfg, frac, step)
     apply_schedule(opts, tcfg, frac, phase_lr, step, full_batches)
     for name, p in model.named_parameters():
@@ -314,7 +314,7 @@ def check_rows(table: Table, mod, tok, data_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 def check_forward(table: Table, mod, k82_model, ours, mcfg, tcfg, batch) -> dict:
     """(b): loss and gradients of one micro-batch at each MTP point, K82s4's initial weights in both models."""
-    from neuronfrontier.phases import mtp_weights_at
+    from neuronfrontier.engine.phases import mtp_weights_at
     x, y = batch
     out = {}
     for progress, point in FORWARD_PROGRESS:
@@ -349,9 +349,9 @@ def k82_ema_updates_after(mod, step: int) -> bool:
 def check_schedule_walk(table: Table, mod, tcfg) -> dict:
     """Every step of a `WALK_STEPS`-step K82s4 walk (its step clock): K82s4's rate block against our schedule at
     frac = the progress K82s4 read, step, full batches = micro-batches done / grad_accum."""
-    from neuronfrontier.averaging import WeightEma
-    from neuronfrontier.optim import apply_schedule, weight_decay_multiplier
-    from neuronfrontier.phases import batch_phase, mtp_weights_at
+    from neuronfrontier.engine.averaging import WeightEma
+    from neuronfrontier.engine.optim import apply_schedule, weight_decay_multiplier
+    from neuronfrontier.engine.phases import batch_phase, mtp_weights_at
     tables = mod.mtp_weight_tensors(CPU)
     no_groups = SimpleNamespace(param_groups=[])
     dummy = torch.nn.Linear(1, 1)
@@ -422,9 +422,9 @@ class UpdateCheck:
     gradients, one on K82s4's gradients), set to K82s4's weights and state before each phase point."""
 
     def __init__(self, table: Table, mod, k82_model, mcfg, tcfg):
-        from neuronfrontier.averaging import WeightEma
-        from neuronfrontier.model import GPT
-        from neuronfrontier.optim import build_optimizers
+        from neuronfrontier.engine.averaging import WeightEma
+        from neuronfrontier.engine.model import GPT
+        from neuronfrontier.engine.optim import build_optimizers
         self.table, self.mod, self.k82_model, self.mcfg, self.tcfg = table, mod, k82_model, mcfg, tcfg
         self.run = K.Run(mod, k82_model, WALK_STEPS)
         self.ours, self.ours_g = GPT(mcfg, kernels="torch"), GPT(mcfg, kernels="torch")
@@ -452,7 +452,7 @@ class UpdateCheck:
 
     def point(self, name: str, step: int, progress: float, done: int, feed) -> dict:
         """One phase point: sync, one step on each side on the next k micro-batches of `feed`, every comparison."""
-        from neuronfrontier.trainer import train_step
+        from neuronfrontier.run.trainer import train_step
         t0 = time.time()
         self.sync()
         self.run.at(step, progress, done)
@@ -479,8 +479,8 @@ class UpdateCheck:
     def check_scalars(self, name: str, step: int, frac: float, got: dict, losses: list, loss: float) -> dict:
         """The step's k, the rate block's lrm / Muon momentum / Muon decay, the MTP weights, every parameter's
         lr / decay / momentum or betas / eps, and the loss (ours × Σw: train_step returns it per unit of weight)."""
-        from neuronfrontier.optim import lr_multiplier
-        from neuronfrontier.phases import batch_phase, mtp_weights_at
+        from neuronfrontier.engine.optim import lr_multiplier
+        from neuronfrontier.engine.phases import batch_phase, mtp_weights_at
         t, tcfg = self.table, self.tcfg
         accum, phase_lr = batch_phase(tcfg, frac, step)
         lrm = lr_multiplier(frac, tcfg) * phase_lr
@@ -552,8 +552,8 @@ def check_updates(table: Table, mod, k82_model, mcfg, tcfg, batches) -> dict:
 def our_saved(ema, model, tcfg, frac: float):
     """(kind, state) our `train.finish` saves after a last step at `frac`: the EMA alone when the rate there is above
     `ema_pure_above` (finish's rule, restated), else the blend; `averaging.blend_for_save` decides the rest."""
-    from neuronfrontier.averaging import blend_for_save
-    from neuronfrontier.optim import lr_multiplier
+    from neuronfrontier.engine.averaging import blend_for_save
+    from neuronfrontier.engine.optim import lr_multiplier
     pure = bool(tcfg.ema_pure_above) and lr_multiplier(frac, tcfg) > tcfg.ema_pure_above
     m = copy.deepcopy(model)
     e = copy.deepcopy(ema)
@@ -660,7 +660,7 @@ def main(argv=None) -> int:
     seconds["rows"] = round(time.time() - t, 1)
     batches = K.rows(mod, tok, 0, 1, 1 + sum(K.schedule_point(mod, s, p)["k"] for _, s, p, _ in POINTS))
     k82_model = K.model(mod, mod.SEED, tok)
-    from neuronfrontier.model import GPT
+    from neuronfrontier.engine.model import GPT
     ours = GPT(mcfg, kernels="torch")
     ours.load_state_dict(K.to_ours(mod, k82_model.state_dict(), mcfg))
     t = time.time()

@@ -17,9 +17,9 @@ The first batch of each loader (opening the parquet file, filling the packing bu
 import argparse, time
 from pathlib import Path
 
-from neuronfrontier.config import resolve
-from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer, prepare
-from neuronfrontier.cost import step_estimate
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.data.shards import PackedLoader, find_shards, load_tokenizer, prepare
+from neuronfrontier.research.cost import step_estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,8 +39,8 @@ def moe_log_stats(run_dir: Path) -> tuple[float | None, float | None]:
 
 
 def train_all(a):
-    from neuronfrontier.data import prepare
-    from neuronfrontier.sweep import available_cpus, slot_cores
+    from neuronfrontier.data.shards import prepare
+    from neuronfrontier.research.sweep import available_cpus, slot_cores
     data = prepare(Path(a.data), log=lambda *x: None)
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     exe = Path(sys.executable).parent / "neuronfrontier"
@@ -128,12 +128,12 @@ def summary(a, results: dict, table: list, load: float) -> dict:
 def roofline(n_sample_blocks: int = 4) -> dict:
     "Seconds per layer MLP forward + backward on one trn2 NeuronCore, bf16, per rank-step of the presets: a roofline estimate."
     import torch
-    from neuronfrontier.config import CONFIGS, TRAIN_DEFAULTS
+    from neuronfrontier.engine.config import CONFIGS, TRAIN_DEFAULTS
     from neuronfrontier.hw import TRN2_CORE, PMAX, estimate_time
     from neuronfrontier.sim import dry_run
     from neuronfrontier.kernels.moe import moe_fwd_kernel, moe_bwd_kernel
     from neuronfrontier.kernels.swiglu import swiglu_fwd_kernel, swiglu_bwd_kernel
-    from neuronfrontier.moe import expert_capacity
+    from neuronfrontier.engine.moe import expert_capacity
     peak = TRN2_CORE.peak("bf16") * 1e12
     bf = torch.bfloat16
     out = {}
@@ -165,8 +165,8 @@ def grouped_vs_loop(repeats: int = 5) -> list[str]:
     """The torch backend of ops.moe_mlp two ways on this CPU — one torch._grouped_mm per projection for all experts, or
     a loop over the experts — forward + backward at cpu-tiny-moe's shapes (one rank-step's blocks); median of `repeats`."""
     import torch
-    from neuronfrontier.config import CONFIGS, TRAIN_DEFAULTS
-    from neuronfrontier.moe import BLOCK, expert_capacity, expert_mlp, grouped_mm_works
+    from neuronfrontier.engine.config import CONFIGS, TRAIN_DEFAULTS
+    from neuronfrontier.engine.moe import BLOCK, expert_capacity, expert_mlp, grouped_mm_works
     cfg = CONFIGS["cpu-tiny-moe"]
     N = TRAIN_DEFAULTS["cpu-tiny-moe"].batch_size * cfg.seq_len
     E, d, F_ = cfg.n_experts, cfg.d_model, cfg.d_expert

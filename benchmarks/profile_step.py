@@ -34,13 +34,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import torch
     from torch.profiler import profile, record_function, ProfilerActivity
-    import neuronfrontier.ops as ops, neuronfrontier.optim as optim
-    from neuronfrontier.config import resolve
-    from neuronfrontier.data import prepare, find_shards, load_tokenizer, PackedLoader
-    from neuronfrontier.model import GPT
-    from neuronfrontier.trainer import train_step
-    from neuronfrontier.batches import Prefetcher
-    from neuronfrontier.precision import choose_precision
+    import neuronfrontier.ops as ops, neuronfrontier.engine.optim as optim
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.data.shards import prepare, find_shards, load_tokenizer, PackedLoader
+    from neuronfrontier.engine.model import GPT
+    from neuronfrontier.run.trainer import train_step
+    from neuronfrontier.data.batches import Prefetcher
+    from neuronfrontier.engine.precision import choose_precision
     from dataclasses import replace
 
     torch.set_num_threads(a.threads)

@@ -9,7 +9,7 @@ Every run is `cpu-tiny` with its default recipe (the kit's: heads of 128 and an 
 layers, 512-token rows, 8 rows a step = 4,096 tokens), `--steps N` (each step count is a run of its own, with its
 own warm-down), seed 0, the embedded corpus (`data/cache/pydocs`, prepared when missing), scored on the same
 32,768 validation tokens (`eval_tokens=32768`: the default 131,072 would cost a minute of evaluation per run on one
-core). One `neuronfrontier sweep` per step count under `--out` (`neuronfrontier.sweep.run_sweep`), one run at a
+core). One `neuronfrontier sweep` per step count under `--out` (`neuronfrontier.research.sweep.run_sweep`), one run at a
 time on one thread: run the same command again to resume.
 
 The results file (`--results`, default `nbs/results/scaling_fit.json`, read by notebook `93_plan`) holds `meta`
@@ -41,7 +41,7 @@ def git_commit() -> str | None: return ablation._git_commit()
 
 def run_row(width: int, steps: int, run: dict) -> dict:
     "One results row: the shape's parameter counts and FLOPs (the engine's own counts) and the run's measurement."
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     m, t = resolve(CONFIG, None, [f"d_model={width}"])
     tokens = run["tokens"]
     fpt = m.flops_per_token()
@@ -54,7 +54,7 @@ def run_row(width: int, steps: int, run: dict) -> dict:
 
 def sweep(widths, steps: int, out: Path, data) -> list[dict]:
     "One `run_sweep` over `widths` at `steps` (resumable); its finished runs as results rows."
-    from neuronfrontier.sweep import run_sweep
+    from neuronfrontier.research.sweep import run_sweep
     settings = {f"d{w}": [f"d_model={w}"] for w in widths}
     runs, failures = run_sweep(CONFIG, settings, [0], out / f"steps{steps}", data, None, steps, None, SETS, 1, 1,
                                "cpu", None, plots=False, log=lambda m: print(m, flush=True))
@@ -97,7 +97,7 @@ def main(argv=None):
     path, out = Path(a.results), Path(a.out)
     doc = load(path)
     if a.phase == "grid":
-        from neuronfrontier.data import prepare
+        from neuronfrontier.data.shards import prepare
         data = prepare(Path(a.data), log=lambda *x: None)
         rows = [row for s in STEPS for row in sweep(WIDTHS, s, out, data)]
         doc.update(meta=meta(command), rows=sorted(rows, key=lambda r: (r["width"], r["steps"])))
@@ -106,8 +106,8 @@ def main(argv=None):
             print(f"d={r['width']:4d} steps={r['steps']:4d} N={r['N']:>10,} D={r['D']:>9,} val_bpb={r['val_bpb']:.4f}")
         return 0
     if not doc.get("rows"): sys.exit(f"{path}: no grid rows yet; run `python benchmarks/scaling.py grid` first")
-    from neuronfrontier.config import resolve
-    from neuronfrontier.plan import fit_scaling, predict
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.research.plan import fit_scaling, predict
     m, _ = resolve(CONFIG, None, [f"d_model={HOLDOUT['width']}"])
     N, D = m.n_params(embedding=False), HOLDOUT["steps"] * 4096
     if a.phase == "predict":
@@ -125,7 +125,7 @@ def main(argv=None):
         return 0
     if not doc.get("holdout", {}).get("prediction"):
         sys.exit("no prediction recorded: run `python benchmarks/scaling.py predict` before the held-out run")
-    from neuronfrontier.data import prepare
+    from neuronfrontier.data.shards import prepare
     data = prepare(Path(a.data), log=lambda *x: None)
     (row,) = sweep([HOLDOUT["width"]], HOLDOUT["steps"], out / "holdout", data)
     doc["holdout"]["measurement"] = dict(row, command=command, date=time.strftime("%Y-%m-%d %H:%M"),

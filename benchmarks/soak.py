@@ -89,8 +89,8 @@ class Soak:
 
     def __init__(self, data: Path, work: Path, standin_budget_s: float = STANDIN_BUDGET_S,
                  eval_tokens: int = EVAL_TOKENS):
-        from neuronfrontier import contract, kit_prepare
-        from neuronfrontier.data import find_shards, load_tokenizer
+        from neuronfrontier.submission import contract, kit_prepare
+        from neuronfrontier.data.shards import find_shards, load_tokenizer
         self.data, self.work = data, work
         export = work / "export"
         r = subprocess.run([sys.executable, "-m", "neuronfrontier.cli", "export", "--config", CONFIG, "--data",
@@ -122,9 +122,9 @@ class Soak:
 
     def scorer_bpb(self, what: str, ck: Path, out: Path) -> float:
         "The scorer's val_bpb of `ck`: the stand-in's evaluate_bpb through the export's load_for_eval, or ours."
-        from neuronfrontier.checkpoint import load_for_eval
-        from neuronfrontier.data import val_batches
-        from neuronfrontier.evaluate import evaluate_bpb
+        from neuronfrontier.run.checkpoint import load_for_eval
+        from neuronfrontier.data.shards import val_batches
+        from neuronfrontier.data.evaluate import evaluate_bpb
         tc = json.loads((out / "result.json").read_text())["config"]["train"]
         with torch.no_grad():
             if what == "export":

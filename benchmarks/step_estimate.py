@@ -11,10 +11,10 @@ of 7 runs, 4 micro-batches of 65,536 tokens), not ours. Nothing here ran on Trai
 import argparse, re, sys
 from pathlib import Path
 
-from neuronfrontier.config import resolve
-from neuronfrontier.cost import step_estimate, torch_work
-from neuronfrontier.phases import mtp_targets
-from neuronfrontier.trainer import rank_batch
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.research.cost import step_estimate, torch_work
+from neuronfrontier.engine.phases import mtp_targets
+from neuronfrontier.run.trainer import rank_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 MARK = ("<!-- step-estimate: python benchmarks/step_estimate.py --readme -->", "<!-- /step-estimate -->")

@@ -70,8 +70,8 @@ def main(argv=None):
     ap.add_argument("--results", action="store_true", help="also write nbs/results/transfer_sweep.json")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from neuronfrontier.data import prepare
-    from neuronfrontier.sweep import run_sweep
+    from neuronfrontier.data.shards import prepare
+    from neuronfrontier.research.sweep import run_sweep
 
     if not (Path(a.data) / "tokenizer").exists(): prepare(Path(a.data), source="embedded")
     sets = a.sets or ["batch_size=4", "muon_momentum_steps=30", "eval_tokens=65536"]

@@ -6,8 +6,8 @@
 from __future__ import annotations
 import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
-from .config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL_EVAL_SEQ_LEN
-from .flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
+from .engine.config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL_EVAL_SEQ_LEN
+from .run.flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
 __all__ = ['COMMANDS', 'UNIGRAM_ADVICE', 'LONG_RUN_S', 'UserError', 'build_parser', 'ckpt_every', 'torchrun_argv', 'main']
@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _data_dir(a) -> Path: return Path(a.data or DEFAULT_DATA[getattr(a, "source", "embedded")])
 
 def _prepare(a):
-    from neuronfrontier.data import prepare, CLIMBMIX_URL
+    from neuronfrontier.data.shards import prepare, CLIMBMIX_URL
 
     return prepare(
         _data_dir(a),
@@ -327,17 +327,17 @@ def _launch(a, out: Path) -> int:
 # %% ../nbs/99_cli.ipynb #453fd1a8
 def _check_ep(a):
     "One-line errors for `train --ep N` before any process starts; then `ep=N` travels to the ranks as a `--set`."
-    from neuronfrontier.config import resolve
-    from neuronfrontier.moe import check_ep
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.engine.moe import check_ep
     try: check_ep(resolve(a.config, a.recipe, a.sets)[0], a.ep, a.nproc, a.config)
     except ValueError as e: raise UserError(str(e)) from None
     a.sets = [*a.sets, f"ep={a.ep}"]
 
 # %% ../nbs/99_cli.ipynb #f927cecb
 def _train(a) -> int:
-    from neuronfrontier.clock import process_start_ns
-    from neuronfrontier.distributed import env_world
-    from neuronfrontier.trainer import RunSpec, train
+    from neuronfrontier.run.clock import process_start_ns
+    from neuronfrontier.run.distributed import env_world
+    from neuronfrontier.run.trainer import RunSpec, train
     from tqdm.auto import tqdm  # the progress bar on a terminal
 
     if a.steps is None and a.budget <= 0:
@@ -350,8 +350,8 @@ def _train(a) -> int:
     a.out = str(out)   # what `speedrun --core` scores afterwards
     if a.nproc > 1 or a.nnodes > 1:
         if "WORLD_SIZE" in os.environ: raise UserError("--nproc: already running under torchrun; drop --nproc")
-        from neuronfrontier.config import resolve
-        from neuronfrontier.data import find_shards
+        from neuronfrontier.engine.config import resolve
+        from neuronfrontier.data.shards import find_shards
 
         resolve(a.config, a.recipe, a.sets)
         find_shards(_data_dir(a))  # user errors once, here, not once per rank
@@ -373,7 +373,7 @@ def _train(a) -> int:
 # %% ../nbs/99_cli.ipynb #378e3a97
 def _prepare_core(a) -> Path:
     "`prepare --core`: the CORE bundle into --core-dir (notebook `37_core`)."
-    from neuronfrontier.core import prepare_core, CORE_URL, CORE_SHA256
+    from neuronfrontier.research.core import prepare_core, CORE_URL, CORE_SHA256
     sha = a.core_sha256
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha)):
         raise UserError(f"--core-sha256 {sha}: not a SHA-256 (64 hexadecimal digits)")
@@ -381,10 +381,10 @@ def _prepare_core(a) -> Path:
 
 # %% ../nbs/99_cli.ipynb #5e0132db
 def _eval(a) -> int:
-    from neuronfrontier.data import find_shards, load_tokenizer, val_batches, stream_batches
-    from neuronfrontier.clock import pick_device
-    from neuronfrontier.checkpoint import load_for_eval, load_checkpoint
-    from neuronfrontier.evaluate import evaluate_bpb
+    from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches, stream_batches
+    from neuronfrontier.run.clock import pick_device
+    from neuronfrontier.run.checkpoint import load_for_eval, load_checkpoint
+    from neuronfrontier.data.evaluate import evaluate_bpb
     if not Path(a.checkpoint).exists(): raise UserError(f"checkpoint {a.checkpoint} does not exist")
     _check_core(a)
     dev = pick_device(a.device)
@@ -423,7 +423,7 @@ def _check_core(a):
     if a.core_max_per_task is not None and a.core_max_per_task < 1:
         raise UserError(f"--core-max-per-task {a.core_max_per_task}: must be >= 1")
     if a.core is None: return
-    from neuronfrontier.core import load_bundle
+    from neuronfrontier.research.core import load_bundle
     tasks = load_bundle(a.core)   # a missing or broken bundle fails here
     shots = max(t.num_fewshot for t in tasks)
     if a.core_max_per_task is not None and a.core_max_per_task <= shots:
@@ -433,7 +433,7 @@ def _check_core(a):
 # %% ../nbs/99_cli.ipynb #d0cc87fb
 def _print_core(model, enc, a, dev) -> dict:
     "CORE of `model` on the bundle `a.core`: the per-task table, then `core=...`; returns the scores."
-    from neuronfrontier.core import evaluate_core, core_table
+    from neuronfrontier.research.core import evaluate_core, core_table
     res = evaluate_core(model, enc, a.core, dev, a.core_max_per_task)
     print(core_table(res))
     print(f"core={res['core']:.4f}")
@@ -442,9 +442,9 @@ def _print_core(model, enc, a, dev) -> dict:
 # %% ../nbs/99_cli.ipynb #d755f9bd
 def _speedrun_core(a):
     "`speedrun --core`: the trained final.pt scored on CORE, its table after the run's, its scores in result.json."
-    from neuronfrontier.checkpoint import load_for_eval
-    from neuronfrontier.clock import pick_device
-    from neuronfrontier.data import load_tokenizer
+    from neuronfrontier.run.checkpoint import load_for_eval
+    from neuronfrontier.run.clock import pick_device
+    from neuronfrontier.data.shards import load_tokenizer
     out = Path(a.out)
     if not (out / "final.pt").exists(): return   # a many-machine run whose rank 0 is elsewhere
     dev = pick_device(a.device)
@@ -456,7 +456,7 @@ def _speedrun_core(a):
 
 # %% ../nbs/99_cli.ipynb #d75d70fa
 def _sweep(a) -> int:
-    from neuronfrontier.sweep import parse_grid, grid_settings, run_sweep
+    from neuronfrontier.research.sweep import parse_grid, grid_settings, run_sweep
 
     if a.steps is None and a.budget <= 0:
         raise UserError(f"--budget {a.budget:g}: must be > 0 seconds (or use --steps N)")
@@ -467,7 +467,7 @@ def _sweep(a) -> int:
     if a.ckpt_every or a.budget_mode or a.startup_allowance is not None:
         raise UserError("--ckpt-every, --budget-mode, --startup-allowance do not apply to sweep")
     settings = grid_settings(parse_grid(a.grid), a.random, a.sample_seed)
-    from neuronfrontier.data import prepare, find_shards
+    from neuronfrontier.data.shards import prepare, find_shards
     if a.data is None: prepare(_data_dir(a), log=lambda *x: None)  # the embedded corpus, as speedrun does
     else: find_shards(_data_dir(a))  # fail now, not in every run
     _, failures = run_sweep(
@@ -490,9 +490,9 @@ def _sweep(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #715a9932
 def _export(a) -> int:
-    from neuronfrontier.submission import KIT_DATA_DIR, KIT_TOKENIZER_DIR
-    from neuronfrontier.shipping import export
-    from neuronfrontier.tune import load_tune, check_tuned
+    from neuronfrontier.submission.entry import KIT_DATA_DIR, KIT_TOKENIZER_DIR
+    from neuronfrontier.submission.shipping import export
+    from neuronfrontier.research.tune import load_tune, check_tuned
     data = Path(a.data).resolve() if a.data else KIT_DATA_DIR
     tok = Path(a.tokenizer).resolve() if a.tokenizer else Path(data) / "tokenizer" if a.data else KIT_TOKENIZER_DIR
     sets = [*a.sets, "fsdp=true"] if a.fsdp else a.sets
@@ -516,10 +516,10 @@ def _export(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #0f026e1d
 def _rehearse(a) -> int:
-    from neuronfrontier.submission import ALLOWED_LNC
+    from neuronfrontier.submission.entry import ALLOWED_LNC
     import tempfile
-    from neuronfrontier.contract import check_launch, launch_shape, kit_run, kit_paths, NA
-    from neuronfrontier.rehearsal import rehearse, work_table
+    from neuronfrontier.submission.contract import check_launch, launch_shape, kit_run, kit_paths, NA
+    from neuronfrontier.submission.rehearsal import rehearse, work_table
     d = Path(a.dir)
     if not (d / "train.py").is_file():
         raise UserError(f"{d}: no train.py; export a submission with `neuronfrontier export --out {d}`")
@@ -556,7 +556,7 @@ def _rehearse(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #10630e97
 def _tune(a) -> int:
-    from neuronfrontier.tune import tune, tune_table
+    from neuronfrontier.research.tune import tune, tune_table
     out = Path(a.out) if a.out else Path(a.dir) / "tune.json"
     ops = [op.strip() for op in a.ops.split(",") if op.strip()] if a.ops else None
     try: rec = tune(a.dir, a.device, a.steps, a.warmup, a.nproc, a.data, a.tokenizer, not a.eager, out, ops=ops)
@@ -567,7 +567,7 @@ def _tune(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #ba60e5bf
 def _check(a) -> int:
-    from neuronfrontier.contract import check, check_table, check_passed, CHECK_TOL
+    from neuronfrontier.submission.contract import check, check_table, check_passed, CHECK_TOL
     rows = check(a.dir, a.checkpoint, a.data, a.tokenizer, a.device, CHECK_TOL if a.tol is None else a.tol,
                  kit=not a.no_kit_run)
     print(check_table(rows))
@@ -575,8 +575,8 @@ def _check(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
-    from neuronfrontier.sources import setting_sources
-    from neuronfrontier.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names,
+    from neuronfrontier.engine.sources import setting_sources
+    from neuronfrontier.engine.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names,
                                        setting_groups)
     names = [a.config] if a.config else list(CONFIGS)
     models = {n: resolve(n, a.recipe, a.sets)[0] for n in names}   # a bad preset or --set fails before any output
@@ -611,7 +611,7 @@ def _info(a) -> int:
 def _info_prediction(a) -> None:
     """The preset's steps on one trn2 chip, and its val_bpb only where a measurement backs it, each line naming its
     source (notebook 27_calibration)."""
-    from neuronfrontier.calibration import predict_both, prediction_line, fit_residual_line
+    from neuronfrontier.research.calibration import predict_both, prediction_line, fit_residual_line
     try: torch_, ours = predict_both(a.config, a.recipe, a.sets)
     except ValueError as e:   # a batch the chip's 8 processes cannot split
         print(f"\non one trn2 chip: no prediction ({e})")
@@ -629,7 +629,7 @@ def _dashboard(a) -> int:
     from neuronfrontier.dashboard import serve
     if not 0 < a.port < 65536: raise UserError(f"--port {a.port}: must be in 1..65535")
     if a.token is not None and len(a.token) < 8: raise UserError("--token: use at least 8 characters")
-    from neuronfrontier.config import CONFIGS, resolve
+    from neuronfrontier.engine.config import CONFIGS, resolve
     for c in CONFIGS: resolve(c, None, a.sets)       # a bad --set fails here, not in every run started later
     serve(a.runs, a.host, a.port, a.token, _data_dir(a), a.kernels_report, sets=a.sets)
     return 0
@@ -699,13 +699,13 @@ def _main(argv=None) -> int:
         if a.cmd == "check": return _check(a)
         if a.cmd == "tune": return _tune(a)
         if a.cmd == "calibrate":
-            from neuronfrontier.calibration import cli_calibrate
+            from neuronfrontier.research.calibration import cli_calibrate
             return cli_calibrate(a)
         if a.cmd == "rehearse": return _rehearse(a)
         if a.cmd == "dashboard": return _dashboard(a)
         if a.cmd == "kernels-report": return _kernels_report(a)
         if a.cmd == "plan":
-            from neuronfrontier.plan import cli_plan
+            from neuronfrontier.research.plan import cli_plan
             return cli_plan(a)
     except (UserError, ValueError, FileNotFoundError) as e:
         print(f"error: {first_line(e) or type(e).__name__}", file=sys.stderr)
@@ -717,5 +717,5 @@ def _main(argv=None) -> int:
 if __name__ == "__main__" and "__file__" in globals():
     # `python -m neuronfrontier.cli`, what torchrun starts in each process (not this notebook): the rank leaves its
     # process groups and ends with its own code, without finalizing the interpreter (30_distributed)
-    from neuronfrontier.distributed import run_then_exit
+    from neuronfrontier.run.distributed import run_then_exit
     run_then_exit(main)

@@ -8,7 +8,7 @@ import contextlib, functools, importlib, warnings
 from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
-from .neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
+from .chip.neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
 
 # %% auto #0
 __all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'TORCH_MODULES', 'AUTO', 'register', 'parse_backend', 'backend_spec',
@@ -85,7 +85,7 @@ def load_kernels():
 # %% ../nbs/05_ops.ipynb #c5a37fdc
 # the modules that register an op's `torch` backend, where it is not this one: imported the first time the op needs it
 # (as the kernel modules are), so every op runs with this module alone loaded
-TORCH_MODULES = {"cross_entropy": "neuronfrontier.loss", "moe_mlp": "neuronfrontier.moe"}
+TORCH_MODULES = {"cross_entropy": "neuronfrontier.engine.loss", "moe_mlp": "neuronfrontier.engine.moe"}
 
 def _torch_impl(op: str):
     "OP's `torch` implementation, its module (`TORCH_MODULES`) imported the first time it is asked for."

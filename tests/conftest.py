@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def pydocs(tmp_path_factory):
     "A freshly prepared copy of the embedded corpus (8 shards + 8k BPE)."
-    from neuronfrontier.data import prepare
+    from neuronfrontier.data.shards import prepare
     return prepare(tmp_path_factory.mktemp("data") / "pydocs", log=lambda *a: None)
 
 
@@ -27,6 +27,6 @@ def free_port() -> int:
 
 @pytest.fixture
 def fake_torch_neuronx():
-    "The TorchNeuron stand-in (neuronfrontier.torchneuron): nki_op and wrap_nki, the kernels in the simulator."
-    from neuronfrontier.torchneuron import TorchNeuronStandIn
+    "The TorchNeuron stand-in (neuronfrontier.chip.torchneuron): nki_op and wrap_nki, the kernels in the simulator."
+    from neuronfrontier.chip.torchneuron import TorchNeuronStandIn
     return TorchNeuronStandIn().module

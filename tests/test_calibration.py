@@ -3,7 +3,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from neuronfrontier import calibration as cal
+from neuronfrontier.research import calibration as cal
 
 
 def test_loo_table_covers_each_fitted_point():
@@ -72,7 +72,7 @@ def test_info_prints_the_prediction(capsys):
 
 
 def test_export_readme_states_the_prediction():
-    from neuronfrontier.shipping import prediction_note
+    from neuronfrontier.submission.shipping import prediction_note
     note = prediction_note("trn2-124m", None, [], 8, 1)
     assert "predicted from public chip measurements" not in note and "Sources: CHIP_EVIDENCE" in note
     assert note.count("K82s4's measured 0.9614 moved by the predicted step count") == 2 and "fit residual" in note
@@ -136,7 +136,7 @@ def test_calibrate_refuses_points_from_another_device(tmp_path, capsys):
 
 
 def test_calibrate_reads_a_run_directory(tmp_path):
-    from neuronfrontier.config import config_dict, resolve, rank_batch
+    from neuronfrontier.engine.config import config_dict, resolve, rank_batch
     m, t = resolve("trn2-124m", "trn2")
     t = rank_batch(t, m.seq_len, 8)
     run = tmp_path / "run"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from neuronfrontier import contract as C
-from neuronfrontier import kit_prepare
+from neuronfrontier.submission import contract as C
+from neuronfrontier.submission import kit_prepare
 from conftest import cli
 
 LAUNCH = "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py\n"

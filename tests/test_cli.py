@@ -5,7 +5,7 @@ import pyarrow as pa, pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import cli
-from neuronfrontier.data import find_shards, load_tokenizer, val_batches, tokenizer_sha256, read_manifest
+from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches, tokenizer_sha256, read_manifest
 
 FAST = ["--set", "eval_tokens=8192", "--quiet"]
 

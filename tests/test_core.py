@@ -4,9 +4,9 @@ from a server that fails twice."""
 import http.server, json, shutil, threading, zipfile
 import pytest
 from conftest import cli
-from neuronfrontier.checkpoint import save_model
-from neuronfrontier.core import bigram_model, byte_tokenizer, write_sample_bundle
-from neuronfrontier.data import file_sha256, save_tokenizer
+from neuronfrontier.run.checkpoint import save_model
+from neuronfrontier.research.core import bigram_model, byte_tokenizer, write_sample_bundle
+from neuronfrontier.data.shards import file_sha256, save_tokenizer
 
 TYPES = {"multiple_choice", "schema", "language_modeling"}
 

@@ -298,7 +298,7 @@ def test_dashboard_off_loopback_prints_a_token_and_requires_it(tmp_path):
 
 def test_sweep_directory_in_the_sweep_commands_layout(tmp_path):
     "`neuronfrontier sweep --out DIR` writes DIR/<setting>/s<seed>/ run directories and (sweep.write_outputs) table.csv."
-    from neuronfrontier.sweep import collect, setting_dir, write_outputs
+    from neuronfrontier.research.sweep import collect, setting_dir, write_outputs
     sw = tmp_path / "runs" / "sw"
     pts = {"lr=0.01": (2.40, 900.0), "lr=0.02": (2.30, 800.0), "lr=0.04": (2.50, 850.0)}
     settings = {k: [k] for k in pts}
@@ -329,7 +329,7 @@ def test_a_run_stopped_before_its_first_step_is_stopped_not_failed(pydocs, tmp_p
 
 def test_ablation_check_steps_the_schedule_by_budget_fraction(pydocs, monkeypatch):
     "`train_step` takes the fraction of the run done (it applies the schedule itself), not an lr multiplier."
-    import neuronfrontier.trainer as T
+    import neuronfrontier.run.trainer as T
     fracs, real = [], T.train_step
     monkeypatch.setattr(T, "train_step", lambda *a, **k: fracs.append(a[4]) or real(*a, **k))
     ok, out = _check_ablation(pydocs, steps=4)

@@ -2,7 +2,7 @@
 from collections import Counter
 
 import torch
-from neuronfrontier.data import (gpt2_tokenizer, token_bytes_of, bos_id, PackedLoader, find_shards, load_tokenizer,
+from neuronfrontier.data.shards import (gpt2_tokenizer, token_bytes_of, bos_id, PackedLoader, find_shards, load_tokenizer,
                                  iter_documents)
 
 

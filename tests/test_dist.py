@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli, ROOT
-from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-from neuronfrontier.evaluate import evaluate_bpb
-from neuronfrontier.checkpoint import load_for_eval
+from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches
+from neuronfrontier.data.evaluate import evaluate_bpb
+from neuronfrontier.run.checkpoint import load_for_eval
 
 FAST = ["--set", "eval_tokens=8192", "--set", "data_sharding=global", "--quiet"]  # 1 vs N processes: the same rows
 
@@ -57,7 +57,7 @@ def test_two_processes_match_one_process_and_score_the_same(pydocs, straight):
 
 _SLOW_RANK = """
 import json, os, sys, time
-import neuronfrontier.trainer as T
+import neuronfrontier.run.trainer as T
 rank, real = int(os.environ["RANK"]), T.train_step
 def step(*a, **k):
     if rank == 1: time.sleep(0.15)  # rank 1 is slower at every step

@@ -4,11 +4,11 @@ import io, json
 import pytest
 import torch
 from torch import nn
-import neuronfrontier.trainer as T
-from neuronfrontier.averaging import WeightEma, ema_for, blend_for_save
-from neuronfrontier.config import CONFIGS, TrainConfig, resolve
-from neuronfrontier.model import GPT
-from neuronfrontier.optim import apply_schedule, build_optimizers
+import neuronfrontier.run.trainer as T
+from neuronfrontier.engine.averaging import WeightEma, ema_for, blend_for_save
+from neuronfrontier.engine.config import CONFIGS, TrainConfig, resolve
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.engine.optim import apply_schedule, build_optimizers
 from conftest import cli
 
 FAST = ["eval_tokens=8192"]

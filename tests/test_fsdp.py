@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import cli
 from test_dist import _tree, _wait_for_steps, _losses
-from neuronfrontier.checkpoint import load_for_eval
-from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-from neuronfrontier.evaluate import evaluate_bpb
+from neuronfrontier.run.checkpoint import load_for_eval
+from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches
+from neuronfrontier.data.evaluate import evaluate_bpb
 
 # cpu-micro with the kit's recipe (value embeddings, NorMuon, bf16 tables, heads of 128): every path sharding touches,
 # at a quarter of cpu-tiny's cost; the same global batch of 8 rows on any number of ranks, each rank its rows of the

@@ -4,7 +4,7 @@ import argparse, contextlib, importlib.util, io
 from dataclasses import fields, replace
 from pathlib import Path
 import pytest
-from neuronfrontier.config import ModelConfig, TrainConfig, apply_overrides, setting_fields
+from neuronfrontier.engine.config import ModelConfig, TrainConfig, apply_overrides, setting_fields
 
 _spec = importlib.util.spec_from_file_location("house", Path(__file__).resolve().parent.parent / "tools" / "house.py")
 house = importlib.util.module_from_spec(_spec)
@@ -58,7 +58,7 @@ def test_every_flag_of_every_command_has_help():
 
 def test_the_submission_parses_the_shared_flags(monkeypatch):
     "An exported train.py's flags are the CLI's (`flags.FLAGS`): the same types and destinations, its defaults."
-    from neuronfrontier import submission
+    from neuronfrontier.submission import entry as submission
     monkeypatch.setenv("NF_SEED", "7")
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit): submission.submission_main(["--help"])
@@ -73,7 +73,7 @@ def test_the_submission_parses_the_shared_flags(monkeypatch):
 
 def test_a_bad_environment_default_is_one_line(monkeypatch, capsys):
     "NF_SEED that is not a number: argparse's one-line error and exit code 2, not a traceback while the parser is built."
-    from neuronfrontier import submission
+    from neuronfrontier.submission import entry as submission
     monkeypatch.setenv("NF_SEED", "abc")
     with pytest.raises(SystemExit) as e: submission.submission_main(["--steps", "1"])
     assert e.value.code == 2 and "argument --seed: invalid int value: 'abc'" in capsys.readouterr().err
@@ -82,4 +82,4 @@ def test_a_bad_environment_default_is_one_line(monkeypatch, capsys):
 def test_notebook_numbers_give_the_reading_order():
     "No two notebooks share a number, and the library's trainer is not named like the exported train.py."
     assert house.measures()["shared numbers"] == []
-    assert not (house.PKG / "train.py").exists() and (house.PKG / "trainer.py").exists()
+    assert not (house.PKG / "train.py").exists() and (house.PKG / "run" / "trainer.py").exists()

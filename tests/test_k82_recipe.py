@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from neuronfrontier import ops
-from neuronfrontier.batches import RollingPool, _training_rows
-from neuronfrontier.config import resolve
-from neuronfrontier.data import StreamRows
-from neuronfrontier.model import GPT
-from neuronfrontier.optim import apply_schedule, build_optimizers, lr_multiplier, weight_decay_multiplier
+from neuronfrontier.data.batches import RollingPool, _training_rows
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.data.shards import StreamRows
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.engine.optim import apply_schedule, build_optimizers, lr_multiplier, weight_decay_multiplier
 
 SMALL = ["d_model=256", "n_layers=4", "seq_len=256", "eval_seq_len=256", "global_batch_tokens=8192"]
 
@@ -110,7 +110,7 @@ def test_the_staircase_the_constant_decay_and_the_ramp_in_full_batches():
 
 
 def test_a_submission_reads_the_kits_document_batches_or_says_it_reads_the_shards(pydocs, monkeypatch):
-    from neuronfrontier import kit_prepare, submission
+    from neuronfrontier.submission import kit_prepare, entry as submission
     monkeypatch.setenv("NEURON_COMPETITION_R1_CACHE_DIR", str(pydocs))
     _, t = resolve("trn2-124m", None, SMALL)
     tok = kit_prepare.ensure_tokenizer()

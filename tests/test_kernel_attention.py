@@ -4,7 +4,7 @@ import numpy as np
 import torch.nn.functional as F
 from neuronfrontier import ops
 from neuronfrontier.sim import REAL_NKI, last_trace, simulate, nl
-from neuronfrontier.testing import attention_errors, train_losses, compare_backends, traffic
+from neuronfrontier.chip.testing import attention_errors, train_losses, compare_backends, traffic
 from neuronfrontier.kernels.attention import (attention_nki_sim, check_args, TOL, NKI_REGISTERED, _register_nki,
                                               flash_fwd_kernel, flash_bwd_kernel, hbm_traffic, sbuf_bytes, kv_resident)
 
@@ -142,7 +142,7 @@ def test_cpu_tiny_training_matches_torch():
     """10 AdamW steps of GPT(cpu-tiny) (T=256, 4 layers, 4 heads) with attention=nki-sim vs torch, fp32.
     lr=3e-3: at 1e-2 this model's loss spikes at step 5 and the chaotic phase amplifies ulp-level differences to 0.1."""
     from dataclasses import replace
-    from neuronfrontier.config import CONFIGS
+    from neuronfrontier.engine.config import CONFIGS
     cfg = replace(CONFIGS["cpu-tiny"], seq_len=256)  # cpu-tiny's shape at 256-token rows: T² keeps the simulator affordable
     ref = train_losses(cfg, "torch", lr=3e-3)
     sim = train_losses(cfg, "attention=nki-sim", lr=3e-3)
@@ -263,7 +263,7 @@ def test_window_through_the_custom_op_stand_in(fake_torch_neuronx):
 def test_window_at_the_kit_dense_124m_shape():
     """The production call of a short layer of `dense-124m --recipe kit`: T = 2048, heads of 128, W = T/2, bf16 as
     autocast gives it, forward and backward against fp32 SDPA with the window mask."""
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     m, _ = resolve("dense-124m", "kit")
     T, d, W = m.seq_len, m.d_head, m.windows[0]
     assert (T, d, W) == (2048, 128, 1024)
@@ -365,7 +365,7 @@ def test_production_shape_is_compulsory_traffic_and_fits(Hv):
     """trn2-124m as a rank sees it: 8 rows × 1,024 tokens, 4 query heads of 256 on one K head (Hv = 4: a value-embedding
     layer), bf16, two logical cores: HBM bytes within 1.1× of compulsory (exactly it), the SBUF plan above the
     measured peak and inside the budget, PSUM within its 8 banks, instructions far below the compiler's limit."""
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     from neuronfrontier.hw import INSTRUCTION_LIMIT
     if REAL_NKI: pytest.skip("Trace needs the emulator")
     m, t = resolve("trn2-124m")
@@ -428,8 +428,8 @@ def test_offset_keys_need_nothing_of_the_kernel():
     """The rotary key offset (trn2's key_offset) is applied to k by the model before ops.attention: the kernels see
     ordinary keys. A trn2-124m attention layer (heads of 256 on one K/V head, QK-norm, rotary, offset keys) forward and
     backward on nki-sim against torch, fp32."""
-    from neuronfrontier.config import resolve
-    from neuronfrontier.model import Attention, rope_tables
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.engine.model import Attention, rope_tables
     m, _ = resolve("trn2-124m", sets=["seq_len=256", "eval_seq_len=256"])
     assert m.key_offset and (m.n_heads, m.kv_heads, m.d_head) == (4, 1, 256)
     torch.manual_seed(0)

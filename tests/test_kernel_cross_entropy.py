@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from neuronfrontier import ops
-from neuronfrontier import loss as nf_loss   # registers the torch reference of ops.cross_entropy
+from neuronfrontier.engine import loss as nf_loss   # registers the torch reference of ops.cross_entropy
 from neuronfrontier import sim
 from neuronfrontier.kernels import cross_entropy as ce
 

@@ -4,7 +4,7 @@ import pytest, torch
 from neuronfrontier import ops
 from neuronfrontier.hw import INSTRUCTION_LIMIT
 from neuronfrontier.sim import REAL_NKI, nl
-from neuronfrontier.testing import compare_backends, traffic
+from neuronfrontier.chip.testing import compare_backends, traffic
 from neuronfrontier.kernels import mlp
 from neuronfrontier.kernels.mlp import (relu2_mlp_nki_sim, relu2_inputs, TOL, hbm_traffic, relu2_mlp_fwd_kernel,
                                         relu2_mlp_bwd_kernel, _register_nki, NKI_REGISTERED)

@@ -3,7 +3,7 @@ import pytest
 import torch
 from neuronfrontier import ops
 from neuronfrontier.hw import PMAX as P
-from neuronfrontier.testing import compare_backends, traffic, train_losses
+from neuronfrontier.chip.testing import compare_backends, traffic, train_losses
 from neuronfrontier.kernels.moe import (moe_mlp_nki_sim, moe_fwd_kernel, moe_bwd_kernel, TOL, hbm_traffic,
                                         _register_nki, NKI_REGISTERED)
 

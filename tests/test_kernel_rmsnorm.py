@@ -2,7 +2,7 @@
 import pytest, torch
 from neuronfrontier import ops
 from neuronfrontier.sim import REAL_NKI, simulate
-from neuronfrontier.testing import compare_backends, traffic
+from neuronfrontier.chip.testing import compare_backends, traffic
 from neuronfrontier.kernels.rmsnorm import (rms_norm_nki_sim, rmsnorm_fwd_kernel, rmsnorm_bwd_kernel, TOL,
                                             hbm_traffic, _register_nki, NKI_REGISTERED)
 

@@ -2,7 +2,7 @@
 import pytest, torch
 from neuronfrontier import ops
 from neuronfrontier.sim import REAL_NKI
-from neuronfrontier.testing import compare_backends, traffic, train_losses
+from neuronfrontier.chip.testing import compare_backends, traffic, train_losses
 from neuronfrontier.kernels.swiglu import (swiglu_nki_sim, swiglu_inputs, TOL, hbm_traffic, bwd_chunk, fwd_block,
                                            swiglu_fwd_kernel, swiglu_bwd_kernel, _register_nki, NKI_REGISTERED)
 

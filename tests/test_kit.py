@@ -3,10 +3,10 @@ re-implemented from its source) on the same weights and the same batches."""
 import functools
 import pytest
 import torch
-from neuronfrontier.config import resolve
-from neuronfrontier.model import GPT
-from neuronfrontier.optim import build_optimizers
-from neuronfrontier.trainer import train_step
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.engine.optim import build_optimizers
+from neuronfrontier.run.trainer import train_step
 from kit_reference import KitGPT, KitOptimizer, rotary
 
 STEPS = 5
@@ -145,7 +145,7 @@ def test_the_kit_forward_is_the_kits_forward():
 def test_muon_in_the_ema_form_is_the_kits_momentum():
     "Muon with `ema=True` keeps the kit's momentum buffer while μ ramps (the sum form differs by a changing factor)."
     from kit_reference import muon_update
-    from neuronfrontier.optim import Muon
+    from neuronfrontier.engine.optim import Muon
     torch.manual_seed(0)
     ours, theirs = torch.nn.Parameter(torch.randn(64, 32)), torch.nn.Parameter(torch.randn(64, 32))
     with torch.no_grad(): theirs.copy_(ours)
@@ -165,7 +165,7 @@ def test_the_kit_model_traces_on_fake_tensors():
     """The rehearsal plans a submission's memory on FakeTensors: a kit model (bf16 embedding tables) must build and
     step there too, at dense-124m's shapes (`export --config dense-124m --recipe kit` failed: `Couldn't swap
     Embedding.weight`)."""
-    from neuronfrontier.rehearsal import traced_memory, package_namespace
+    from neuronfrontier.submission.rehearsal import traced_memory, package_namespace
     m, t = resolve("dense-124m", "kit", ["batch_size=1"])
     mem = traced_memory(package_namespace(), m, t, steps=1)
     assert mem["train step"]["total"] > m.n_params() * 4   # at least the fp32 weights
@@ -186,8 +186,8 @@ def test_dense_124m_and_cpu_tiny_train_the_kits_recipe_by_default():
     for config in ("dense-124m", "cpu-tiny"):
         assert resolve(config) == resolve(config, "kit")
         assert resolve(config, "frontier")[0].mlp == "swiglu"   # the engine's own recipe stays one flag away
-    from neuronfrontier.config import RECIPES
-    from neuronfrontier.sources import setting_sources, KIT_SOURCE
+    from neuronfrontier.engine.config import RECIPES
+    from neuronfrontier.engine.sources import setting_sources, KIT_SOURCE
     kit_keys = {kv.split("=", 1)[0] for kv in RECIPES["kit"]}
     rows = setting_sources("dense-124m")
     from_kit = {k for k, _, src in rows if src.startswith(KIT_SOURCE)}

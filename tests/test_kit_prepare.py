@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from neuronfrontier.checkpoint import save_model
-from neuronfrontier.config import CONFIGS
-from neuronfrontier.data import load_tokenizer, token_bytes_of
-from neuronfrontier.model import GPT
-from neuronfrontier import kit_prepare
+from neuronfrontier.run.checkpoint import save_model
+from neuronfrontier.engine.config import CONFIGS
+from neuronfrontier.data.shards import load_tokenizer, token_bytes_of
+from neuronfrontier.engine.model import GPT
+from neuronfrontier.submission import kit_prepare
 from conftest import cli
 from test_train import _trained_micro
 
@@ -28,7 +28,7 @@ def test_official_eval_is_the_standin_scorers_number(pydocs, tmp_path):
     ck = _model(tmp_path)
     (tmp_path / "prepare.py").write_text(STANDIN.read_text())
     code = ("import json, torch; from prepare import evaluate_bpb, ensure_tokenizer; "
-            "from neuronfrontier.checkpoint import load_for_eval; "
+            "from neuronfrontier.run.checkpoint import load_for_eval; "
             f"m = load_for_eval({str(ck)!r}, torch.device('cpu')); "
             "print(json.dumps(evaluate_bpb(m, ensure_tokenizer(), 8, 256, torch.device('cpu'), split='public_val', "
             "max_tokens=16384, timeout_seconds=1200)))")

@@ -53,7 +53,7 @@ def test_plan_names_its_step_source():
 
 
 def test_export_readme_note_names_its_sources():
-    from neuronfrontier.shipping import prediction_note
+    from neuronfrontier.submission.shipping import prediction_note
     note = prediction_note("trn2-124m", None, [], 8, 1)
     assert BANNED not in note and MOVED in note and "fit residual" in note
     assert "no kernel of ours has run on a chip" in note

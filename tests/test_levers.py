@@ -3,8 +3,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from neuronfrontier import ops
-from neuronfrontier.config import ModelConfig, resolve
-from neuronfrontier.model import GPT
+from neuronfrontier.engine.config import ModelConfig, resolve
+from neuronfrontier.engine.model import GPT
 
 
 def test_leaky_relu2_forward_and_backward():
@@ -37,7 +37,7 @@ def test_mlp_leak_reaches_the_model_and_is_checked():
 
 def test_a_resume_checkpoint_from_before_a_new_setting_still_loads(tmp_path):
     "resume.pt written before `mlp_leak` existed (no such key): the default fills it; a different value is refused."
-    from neuronfrontier.checkpoint import load_resume
+    from neuronfrontier.run.checkpoint import load_resume
     m, _ = resolve("cpu-micro", "kit")
     old = {k: v for k, v in m.flat().items() if k != "mlp_leak"}
     ck = {"model": {}, "model_config": old, "optimizers": [], "state": {}, "rng": {}}
@@ -89,7 +89,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads(kv):
 
 def _repeating_forward(self, x, cos, sin, ve=None):
     "Attention.forward as it was when the model repeated K and V per query head before ops.attention: the reference."
-    from neuronfrontier.model import apply_rope, offset_keys
+    from neuronfrontier.engine.model import apply_rope, offset_keys
     B, T, _ = x.shape
     q = self.wq(x).view(B, T, self.n_heads, self.d_head)
     k, v = (w(x).view(B, T, self.n_kv_heads, self.d_head) for w in (self.wk, self.wv))
@@ -149,7 +149,7 @@ def test_head_width_256_runs_and_the_kernel_shapes_are_refused_by_name():
 
 def test_key_offset_touches_only_the_slow_channels():
     "Keys with the offset: slow pairs (both halves) come from t-1, the rest and position 0 unchanged."
-    from neuronfrontier.model import offset_keys, slow_pairs_from
+    from neuronfrontier.engine.model import offset_keys, slow_pairs_from
     first = slow_pairs_from(256, 1e5, 1024, 0.3)
     assert first == 91   # pairs 91..127: 37 of 128, as FrontierForge's K82s4 at radius 0.3
     k = torch.randn(2, 10, 1, 256)
@@ -198,8 +198,8 @@ def test_attention_source_reuse_reads_the_source_blocks_stream():
 
 def test_mtp_loss_equals_a_direct_computation_and_fades_in_stages():
     "model.loss with MTP weights = Σ_j w_j CE(logits_t, y_{t+j}) / next-token count; the weights fade as K82s4's."
-    from neuronfrontier.config import TrainConfig
-    from neuronfrontier.phases import mtp_weights_at
+    from neuronfrontier.engine.config import TrainConfig
+    from neuronfrontier.engine.phases import mtp_weights_at
     m, _ = resolve("cpu-micro", "kit")
     torch.manual_seed(0)
     g = GPT(m)
@@ -262,8 +262,8 @@ def test_mtp_loss_and_gainless_norms_run_through_the_kernels():
 
 def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     "train_step takes share × grad_accum micro-batches at the phase's rate, then the whole step at the schedule's."
-    from neuronfrontier.optim import build_optimizers, lr_multiplier
-    from neuronfrontier.trainer import train_step
+    from neuronfrontier.engine.optim import build_optimizers, lr_multiplier
+    from neuronfrontier.run.trainer import train_step
     m, t = resolve("cpu-micro", "kit", ["grad_accum=4", "batch_size=1", "seq_len=128", "eval_seq_len=128",
                                          "warmup_steps=2", "batch_warmup=0.06:0.25:0.35,0.2:0.5:0.6"])
     g = GPT(m)
@@ -328,7 +328,7 @@ def test_the_spike_guard_redraws_the_initialisation_while_the_criterion_fires(tm
 
 def test_adamw_betas_and_decay_by_role():
     "adam_groups sets each named role's AdamW betas and decay (K82s4's), the others keep beta1/beta2 and no decay."
-    from neuronfrontier.optim import build_optimizers
+    from neuronfrontier.engine.optim import build_optimizers
     m, t = resolve("cpu-micro", "trn2")
     adam = build_optimizers(GPT(m), t, print_table=False)[-1]
     by = {g["role"]: (g["betas"] if "betas" in g else adam.defaults["betas"], g["weight_decay"])

@@ -1,6 +1,6 @@
 "Chunked cross-entropy vs the naive (materialised-logits) loss: values, gradients, edge cases."
 import pytest, torch
-from neuronfrontier.loss import chunked_cross_entropy, naive_cross_entropy, auto_chunk_size, online_logsumexp
+from neuronfrontier.engine.loss import chunked_cross_entropy, naive_cross_entropy, auto_chunk_size, online_logsumexp
 
 
 def _inputs(N, d, Vp, V=None, ignore=0.2, dtype=torch.float32, seed=0, shape=None):

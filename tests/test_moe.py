@@ -4,9 +4,9 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from neuronfrontier.config import ModelConfig
-from neuronfrontier.moe import MoE
-from neuronfrontier.testing import rel_err
+from neuronfrontier.engine.config import ModelConfig
+from neuronfrontier.engine.moe import MoE
+from neuronfrontier.chip.testing import rel_err
 
 
 def reference_moe(x, layer: MoE, capacity: int | None):
@@ -89,8 +89,8 @@ from pathlib import Path
 
 def _ep_model():
     "cpu-micro with 4 experts in both layers; no drops possible (capacity ≥ a rank's tokens), balance terms linear in the batch."
-    from neuronfrontier.config import CONFIGS
-    from neuronfrontier.model import GPT
+    from neuronfrontier.engine.config import CONFIGS
+    from neuronfrontier.engine.model import GPT
     cfg = replace(CONFIGS["cpu-micro"], n_experts=4, top_k=2, d_expert=128, capacity_factor=2.0, balance="none",
                   z_loss_coef=1e-3)
     torch.manual_seed(0)
@@ -111,15 +111,15 @@ def _grads(m):
 
 
 def _ep_optimizers(m, **kw):
-    from neuronfrontier.config import resolve
-    from neuronfrontier.optim import build_optimizers
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.engine.optim import build_optimizers
     return build_optimizers(m, resolve("cpu-micro", None, [])[1], print_table=False, **kw)
 
 
 def _ep_main(out):
     "Entry point under torchrun: each rank its half of the batch, experts sharded, gradients synchronised."
     import torch.distributed as dist
-    from neuronfrontier.moe import expert_parallel, ep_sync_grads, gather_experts, ep_consolidated, ep_shard_optimizer_states
+    from neuronfrontier.engine.moe import expert_parallel, ep_sync_grads, gather_experts, ep_consolidated, ep_shard_optimizer_states
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))  # a collective mismatch fails, never hangs
     try:

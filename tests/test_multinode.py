@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 from conftest import cli
-from neuronfrontier.checkpoint import load_for_eval
+from neuronfrontier.run.checkpoint import load_for_eval
 from neuronfrontier.cli import build_parser, torchrun_argv
 
 

@@ -2,8 +2,8 @@
 import torch
 
 from neuronfrontier import ops
-from neuronfrontier.config import resolve
-from neuronfrontier.model import GPT
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.engine.model import GPT
 
 
 def _model(kernels):

@@ -1,4 +1,4 @@
-"""Tests for `neuronfrontier.optim` that do not fit a notebook: the 2-rank gloo run against a single process."""
+"""Tests for `neuronfrontier.engine.optim` that do not fit a notebook: the 2-rank gloo run against a single process."""
 import math, os, socket, subprocess, sys, tempfile
 from pathlib import Path
 
@@ -8,8 +8,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from neuronfrontier.config import TrainConfig
-from neuronfrontier.optim import Muon, build_optimizers, lr_multiplier, apply_schedule, zeropower_via_newtonschulz5
+from neuronfrontier.engine.config import TrainConfig
+from neuronfrontier.engine.optim import Muon, build_optimizers, lr_multiplier, apply_schedule, zeropower_via_newtonschulz5
 
 
 # A stand-in with the project GPT's parameter names (wte, blocks[i].attn.wq/wk/wv/wo/q_norm/k_norm,
@@ -86,7 +86,7 @@ def _train(rank=0, world=1, ns_dtype=torch.float32):
     model = TinyGPT()
     opts = build_optimizers(model, RECIPE, print_table=False, ns_dtype=ns_dtype)
     for s in range(STEPS):
-        apply_schedule(opts, RECIPE, (s + 0.5) / STEPS)  # what the trainer calls before every step
+        apply_schedule(opts, RECIPE, (s + 0.5) / STEPS)  # what the trainer's planned step sets, in one call
         x, y = _data(s)
         per = GLOBAL_B // world
         loss = model(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
@@ -105,7 +105,7 @@ def _torchrun_main(out, dtype_name):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        from neuronfrontier.optim import _dist_info
+        from neuronfrontier.engine.optim import _dist_info
         rank, world = dist.get_rank(), dist.get_world_size()
         assert _dist_info(None) == (rank, world)
         torch.save(_train(rank, world, getattr(torch, dtype_name)), f"{out}.{rank}")
@@ -183,7 +183,7 @@ def test_tied_embedding_counted_once_and_lr_scaling():
 
 def test_the_trainer_warms_up_the_muon_momentum(pydocs, tmp_path, monkeypatch):
     "The momentum each Muon step uses, as the trainer runs it: start → end over the warm-up fraction, then constant."
-    from neuronfrontier.trainer import train
+    from neuronfrontier.run.trainer import train
     seen, real = [], Muon.step
     def spy(self, *a, **k):
         seen.append([g["momentum"] for g in self.param_groups]); return real(self, *a, **k)

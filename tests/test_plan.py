@@ -1,12 +1,12 @@
-"""`neuronfrontier.plan`: the scaling fit recovers known laws, the plan keeps the tile and memory rules and names what
+"""`neuronfrontier.research.plan`: the scaling fit recovers known laws, the plan keeps the tile and memory rules and names what
 binds, and `neuronfrontier plan` prints and writes a preset (notebook 93_plan)."""
 import json
 
 import numpy as np
 import pytest
 from conftest import cli
-from neuronfrontier.config import TrainConfig
-from neuronfrontier.plan import (CHINCHILLA, compute_optimal, fit_scaling, law, memory_limit, memory_per_rank,
+from neuronfrontier.engine.config import TrainConfig
+from neuronfrontier.research.plan import (CHINCHILLA, compute_optimal, fit_scaling, law, memory_limit, memory_per_rank,
                                  nonneg_lstsq, parse_duration, plan, predict, preset, format_plan)
 
 TRUE = dict(E=1.2, A=80.0, alpha=0.36, B=300.0, beta=0.41)
@@ -141,8 +141,8 @@ def test_cli_plan_bad_budget_is_one_line(tmp_path):
 
 
 def test_plan_step_time_is_the_calibrated_prediction_on_trn2():
-    from neuronfrontier.calibration import family, fit
-    from neuronfrontier.cost import step_estimate
+    from neuronfrontier.research.calibration import family, fit
+    from neuronfrontier.research.cost import step_estimate
     p = plan(4 * 3600, 16, fit="chinchilla")                # the default: the fit of public trn2 PyTorch runs
     c, m = p["chosen"], p["model"]
     a, b = fit(family("compiled"))

@@ -5,9 +5,9 @@ import json, os, platform, subprocess, sys
 import pytest
 import torch
 from conftest import ROOT, cli
-from neuronfrontier import trainer as T
-from neuronfrontier.optim import default_ns_dtype
-from neuronfrontier.precision import AVX2_ENV, bf16_is_native, choose_precision, cpu_report, probe_cpu_bf16
+from neuronfrontier.run import trainer as T
+from neuronfrontier.engine.optim import default_ns_dtype
+from neuronfrontier.engine.precision import AVX2_ENV, bf16_is_native, choose_precision, cpu_report, probe_cpu_bf16
 
 FAST = ["--set", "eval_tokens=8192", "--set", "batch_size=1"]
 EMULATING = {"capability": "AVX2", "bf16_instructions": False, "mkldnn_bf16": False, "shape": [256, 256, 1024],
@@ -91,15 +91,15 @@ def test_a_cpu_with_native_bf16_keeps_training_in_bf16(pydocs, tmp_path):
 def test_an_emulating_cpu_runs_newton_schulz_in_fp32():
     "Muon's orthogonalisation asks the same question: an AVX2 interpreter runs it in fp32."
     if not X86: pytest.skip(f"AVX2_ENV only changes PyTorch's dispatch on x86, not on {platform.machine()}")
-    code = "from neuronfrontier.optim import default_ns_dtype; print(default_ns_dtype('cpu'), default_ns_dtype('neuron'))"
+    code = "from neuronfrontier.engine.optim import default_ns_dtype; print(default_ns_dtype('cpu'), default_ns_dtype('neuron'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ | AVX2_ENV, check=True)
     assert r.stdout.split() == ["torch.float32", "torch.bfloat16"]
 
 
 _RANKS_DISAGREE = """
 import json, os, sys
-import neuronfrontier.precision as P
-import neuronfrontier.trainer as T
+import neuronfrontier.engine.precision as P
+import neuronfrontier.run.trainer as T
 rank = int(os.environ["RANK"])
 P.probe_cpu_bf16 = lambda: json.loads(sys.argv[3 + rank])   # rank 0 finds bf16 native, rank 1 does not
 r = T.train("cpu-micro", sys.argv[1], sys.argv[2], steps=2, sets=["eval_tokens=8192", "batch_size=1"], verbose=False)
@@ -135,7 +135,7 @@ def test_the_probe_times_real_fp32_and_bf16_matmuls_whatever_mode_it_is_asked_in
     """First asked inside the rehearsal's FakeTensorMode and under bf16 autocast (where `train_step` asks), the probe
     still multiplies real tensors, fp32 in fp32 (a fake matmul takes no time, an autocast one is bf16)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    import neuronfrontier.precision as P
+    import neuronfrontier.engine.precision as P
     seen, real = [], P._best_ms
     def spy(a, b, *args, **kw):
         seen.append((type(a), (a @ b).dtype))

@@ -58,7 +58,7 @@ def test_no_changelog_prose_in_the_readme():
 
 def test_the_recipe_flag_names_every_recipe():
     "`--recipe`'s help lists every recipe a run can name (trn2 included), so `export --help` shows the trn2 one."
-    from neuronfrontier.config import RECIPES
-    from neuronfrontier.flags import FLAGS
+    from neuronfrontier.engine.config import RECIPES
+    from neuronfrontier.run.flags import FLAGS
     helps = [spec["help"] for group in FLAGS.values() for flag, spec in group.items() if flag == "--recipe"]
     assert helps and all(re.search(rf"\b{re.escape(r)}\b", h) for h in helps for r in RECIPES), (helps, list(RECIPES))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from conftest import cli
-from neuronfrontier import shipping as S
-from neuronfrontier.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_OPS
+from neuronfrontier.submission import shipping as S
+from neuronfrontier.submission.rehearsal import rehearse, plan_batch, HBM_MARGIN, AUTOCAST_OPS
 
 
 @pytest.fixture(scope="module")

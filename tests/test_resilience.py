@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli
-from neuronfrontier import clock, ops
-from neuronfrontier import trainer as T
-from neuronfrontier.batches import rank_loader
-from neuronfrontier import shipping as S
-from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer
-from neuronfrontier.config import resolve
-from neuronfrontier.resilience import time_limit
+from neuronfrontier.run import clock
+from neuronfrontier import ops
+from neuronfrontier.run import trainer as T
+from neuronfrontier.data.batches import rank_loader
+from neuronfrontier.submission import shipping as S
+from neuronfrontier.data.shards import PackedLoader, find_shards, load_tokenizer
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.run.resilience import time_limit
 
 FAST = ["eval_tokens=8192"]
 
@@ -246,10 +247,10 @@ def test_an_exported_submission_survives_kernels_that_fail_late(pydocs, tmp_path
 def test_the_preflight_checks_the_multi_token_loss_the_run_calls():
     "With multi-token prediction the preflight captures the loss as the step calls it: k targets a token, the weights."
     import contextlib
-    from neuronfrontier.config import resolve
-    from neuronfrontier.model import GPT
-    from neuronfrontier.phases import mtp_weights_at
-    from neuronfrontier.resilience import capture_op_calls
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.engine.model import GPT
+    from neuronfrontier.engine.phases import mtp_weights_at
+    from neuronfrontier.run.resilience import capture_op_calls
     m, t = resolve("cpu-micro", "trn2")
     mtp = torch.tensor(mtp_weights_at(t, 0.0))
     torch.manual_seed(0)
@@ -262,7 +263,7 @@ def test_faults_stay_outside_the_trainer():
     """The trainer has no fault parameter and reads no fault: NF_FAULT's step and save faults are wrappers that
     `install_faults` returns, and with NF_FAULT unset they are the identity."""
     import dataclasses, inspect, re
-    from neuronfrontier import resilience as R
+    from neuronfrontier.run import resilience as R
     assert "poison" not in inspect.signature(T.train_step).parameters
     fields = "|".join(f.name for f in dataclasses.fields(R.Faults))
     assert not re.findall(rf"\.({fields})\b", inspect.getsource(T)), "the trainer reads a fault"

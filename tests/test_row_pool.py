@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import neuronfrontier.trainer as T
-from neuronfrontier.batches import RowPool, _training_rows, rank_loader
-from neuronfrontier.config import TrainConfig, resolve, validate_train
-from neuronfrontier.sources import setting_sources
-from neuronfrontier.data import PackedLoader, find_shards, load_tokenizer
+import neuronfrontier.run.trainer as T
+from neuronfrontier.data.batches import RowPool, _training_rows, rank_loader
+from neuronfrontier.engine.config import TrainConfig, resolve, validate_train
+from neuronfrontier.engine.sources import setting_sources
+from neuronfrontier.data.shards import PackedLoader, find_shards, load_tokenizer
 
 
 def _stream(n=None, B=3):

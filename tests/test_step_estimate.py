@@ -1,9 +1,9 @@
 "The whole-step roofline estimate of `neuronfrontier.hw` (nbs/09_hardware.ipynb): its extrapolated kernel traces against full dry runs, and its bookkeeping."
 import numpy as np
 import pytest
-from neuronfrontier.config import ModelConfig
+from neuronfrontier.engine.config import ModelConfig
 from neuronfrontier.hw import estimate_time, mfu, PMAX
-from neuronfrontier.cost import Work, kernel_work, step_estimate, matmul_work, STEP_OPS
+from neuronfrontier.research.cost import Work, kernel_work, step_estimate, matmul_work, STEP_OPS
 from neuronfrontier.sim import REAL_NKI, nl, dry_run
 from neuronfrontier.kernels import rmsnorm as R, swiglu as S, cross_entropy as C, mlp as M
 

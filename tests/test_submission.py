@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli
-from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-from neuronfrontier.evaluate import evaluate_bpb
-from neuronfrontier import bundler as B
-from neuronfrontier import shipping as S
-from neuronfrontier import contract as C
+from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches
+from neuronfrontier.data.evaluate import evaluate_bpb
+from neuronfrontier.submission import bundler as B
+from neuronfrontier.submission import shipping as S
+from neuronfrontier.submission import contract as C
 from neuronfrontier.cli import main
 
 FAST = ["--set", "eval_tokens=16384"]
@@ -41,9 +41,11 @@ def test_train_py_is_self_contained_and_generated(sub):
     # sections in notebook order, comments kept, package prefixes gone; ops.OpSet (its backend_for), ops.resolve_backend
     # and config.resolve all kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
-    assert heads == [f"neuronfrontier.{m}" for m in ("data", "config", "neuron", "precision", "ops", "loss", "moe", "model", "hw", "optim",
-                                                     "phases", "resilience", "clock", "distributed", "evaluate", "averaging",
-                                                     "batches", "checkpoint", "spikes", "trainer", "flags", "submission")]
+    assert heads == [f"neuronfrontier.{m}" for m in (
+        "data.shards", "engine.config", "chip.neuron", "engine.precision", "ops", "engine.loss", "engine.moe",
+        "engine.model", "hw", "engine.optim", "engine.phases", "run.resilience", "run.clock", "run.distributed",
+        "data.evaluate", "engine.averaging", "data.batches", "run.checkpoint", "run.spikes", "run.trainer", "run.flags",
+        "submission.entry")]
     assert "# one decision for all ranks" in src and "def backend_for(" in src and "def resolve(" in src
     assert "class OpSet" in src and "def resolve_backend(" in src
     assert (d / "launch.txt").read_text().strip() == "NEURON_LOGICAL_NC_CONFIG=1 torchrun --standalone --nproc_per_node=8 train.py"
@@ -132,7 +134,7 @@ def load_for_eval(checkpoint_path, device):
 
 BROKEN = {  # fixture name: (edit of train.py or launch.txt, the row that must fail, words of its reason)
     "forbidden import": (("train.py", "\n\ndef _plot():\n    import matplotlib.pyplot\n"), "imports", "`matplotlib.pyplot` is not allowed"),
-    "neuronfrontier import": (("train.py", "\n\ndef _helper():\n    from neuronfrontier.model import GPT\n"), "imports", "`neuronfrontier.model` is not allowed"),
+    "neuronfrontier import": (("train.py", "\n\ndef _helper():\n    from neuronfrontier.engine.model import GPT\n"), "imports", "`neuronfrontier.engine.model` is not allowed"),
     "unguarded neuron import": (("train.py", "\n\ndef _kernels():\n    import torch_neuronx\n"), "imports", "without a try/except ImportError guard"),
     "neuronxcc.nki (gone in 2.34)": (("nf_kernels/kernels/swiglu.py", "\ntry:\n    import neuronxcc.nki as old\nexcept ImportError:\n    pass\n"),
                                      "imports", "`neuronxcc.nki` was removed in Neuron 2.34"),
@@ -186,11 +188,11 @@ def test_check_cli_exit_codes_and_bad_input(sub, tmp_path):
 def test_bundle_fails_loudly_when_a_name_does_not_resolve(monkeypatch):
     "A module left out of the bundle fails the export, even one imported only for what it registers (the loss)."
     full = B.BUNDLED
-    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "loss"))
-    with pytest.raises(B.ExportError, match=r"model.py imports neuronfrontier.loss, which a submission does not bundle"):
+    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "engine.loss"))
+    with pytest.raises(B.ExportError, match=r"neuronfrontier/engine/model.py imports neuronfrontier.engine.loss, which a submission does not bundle"):
         B.bundle("cpu-micro")
-    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "evaluate"))
-    with pytest.raises(B.ExportError, match=r"neuronfrontier.evaluate, which a submission does not bundle"):
+    monkeypatch.setattr(B, "BUNDLED", tuple(m for m in full if m != "data.evaluate"))
+    with pytest.raises(B.ExportError, match=r"neuronfrontier.data.evaluate, which a submission does not bundle"):
         B.bundle("cpu-micro")
 
 
@@ -223,3 +225,14 @@ def test_check_passes_a_dense_124m_export(pydocs, tmp_path):
     r = cli("check", d)
     assert r.returncode == 0 and "11/11 passed (1 n/a)" in r.stdout, r.stdout + r.stderr
     assert "kit run            n/a     n/a: a rank's step of dense-124m is " in r.stdout
+
+
+def test_relative_imports_resolve_from_the_importing_modules_folder():
+    "In a module under run/, `.clock` is run.clock, `..engine.config` is engine.config, `..` the package's top."
+    src = ("from .clock import Clock\nfrom .. import ops, hw\nfrom ..engine.config import grouped\n"
+           "from ..engine import model\ndef f(): return Clock, ops.OpSet, grouped, model.GPT\n")
+    env = B._parse_module("run.fake", src).env
+    assert env["Clock"] == ("pkg", "run.clock") and env["grouped"] == ("pkg", "engine.config")
+    assert env["ops"] == ("mod", "ops") and env["hw"] == ("mod", "hw") and env["model"] == ("mod", "engine.model")
+    with pytest.raises(B.ExportError, match=r"neuronfrontier/run/fake.py:1: `import neuronfrontier"):
+        B._parse_module("run.fake", "import neuronfrontier.run.clock\n")

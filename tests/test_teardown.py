@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from neuronfrontier import contract as C
+from neuronfrontier.submission import contract as C
 from test_check import HAND, _write
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

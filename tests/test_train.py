@@ -5,14 +5,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import neuronfrontier.trainer as T
+import neuronfrontier.run.trainer as T
 from neuronfrontier import ops
-from neuronfrontier.checkpoint import load_for_eval
-from neuronfrontier.clock import hw_name
-from neuronfrontier.config import CONFIGS, resolve
-from neuronfrontier.data import find_shards, load_tokenizer, val_batches
-from neuronfrontier.evaluate import evaluate_bpb
-from neuronfrontier.model import GPT
+from neuronfrontier.run.checkpoint import load_for_eval
+from neuronfrontier.run.clock import hw_name
+from neuronfrontier.engine.config import CONFIGS, resolve
+from neuronfrontier.data.shards import find_shards, load_tokenizer, val_batches
+from neuronfrontier.data.evaluate import evaluate_bpb
+from neuronfrontier.engine.model import GPT
 from conftest import cli
 
 FAST = ["eval_tokens=8192"]
@@ -106,7 +106,7 @@ def test_compile_runs_the_loss_path_and_matches_eager(pydocs, tmp_path, monkeypa
 def test_forced_cpu_capability_compiles_into_its_own_inductor_cache():
     """Inductor's cache key misses ATEN_CPU_CAPABILITY: a graph cached under precision.AVX2_ENV and reused at the
     machine's AVX512 width aborted a later compile=true run (heap corruption). Such processes get their own cache."""
-    code = ("import os, torch, neuronfrontier.trainer as T; T._compiled(torch.sin, torch.device('cpu')); "
+    code = ("import os, torch, neuronfrontier.run.trainer as T; T._compiled(torch.sin, torch.device('cpu')); "
             "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))")
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
     code = "from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir(); " + code   # inductor set it
@@ -120,8 +120,8 @@ def test_the_loss_traces_to_one_graph_and_no_recompilation():
     """Dynamo alone (backend 'eager', seconds): cpu-micro's loss through the ops table is one graph with no break, and
     three calls trace it once (what inductor and the Neuron backend are handed)."""
     from torch._dynamo.utils import counters
-    from neuronfrontier.model import GPT
-    from neuronfrontier.config import CONFIGS
+    from neuronfrontier.engine.model import GPT
+    from neuronfrontier.engine.config import CONFIGS
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
@@ -366,7 +366,7 @@ def test_a_steps_bar_counts_steps_and_says_how_training_ended(monkeypatch):
 
 
 def test_evaluation_progress_is_called_per_batch_and_changes_no_sum(capsys):
-    from neuronfrontier.evaluate import evaluate_sums, EvalProgress
+    from neuronfrontier.data.evaluate import evaluate_sums, EvalProgress
     m, tb = _trained_micro(), torch.randint(1, 5, (CONFIGS["cpu-micro"].vocab_size,))
     torch.manual_seed(1)
     batches = [(x, x) for x in torch.randint(0, 8000, (3, 2, 64))]

@@ -6,8 +6,8 @@ import contextlib, io, json
 import pytest
 from conftest import cli
 from neuronfrontier.cli import main
-from neuronfrontier.config import resolve
-from neuronfrontier.resilience import SLOWER_SLACK
+from neuronfrontier.engine.config import resolve
+from neuronfrontier.run.resilience import SLOWER_SLACK
 
 FAST = ["--set", "eval_tokens=4096"]
 N_LAYERS, D_MODEL = (lambda m: (m.n_layers, m.d_model))(resolve("cpu-micro")[0])

@@ -56,11 +56,16 @@ def shared_numbers() -> list[str]:
 
 
 def package_imports(module: str) -> list[str]:
-    "The package modules `module` (a file under the package, 'trainer.py') imports, at any depth."
+    """The package modules `module` (a file under the package, 'run/trainer.py') imports, at any depth, dotted below
+    the package ('engine.config'; a folder's module imported by name, `from .. import ops`, as itself)."""
     here = PKG / module
+    folder = list(Path(module).parent.parts)
     out = set()
     for n in ast.walk(ast.parse(here.read_text())):
-        if isinstance(n, ast.ImportFrom) and n.level: out |= {n.module} if n.module else {a.name for a in n.names}
+        if isinstance(n, ast.ImportFrom) and n.level:
+            base = folder[:len(folder) - n.level + 1]
+            if n.module: out.add(".".join(base + [n.module]))
+            else: out |= {".".join(base + [a.name]) for a in n.names}
         elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("neuronfrontier."):
             out.add(n.module.removeprefix("neuronfrontier."))
         elif isinstance(n, ast.ImportFrom) and n.module == "neuronfrontier": out |= {a.name for a in n.names}
@@ -92,7 +97,7 @@ def measures() -> dict:
         "cells": cells,
         "shared numbers": shared_numbers(),
         "examples": example_share(),
-        "trainer imports": package_imports("trainer.py" if (PKG / "trainer.py").exists() else "train.py"),
+        "trainer imports": package_imports("run/trainer.py"),
         "folders": sorted(p.parent.name for p in PKG.glob("*/__init__.py")),
         "top modules": sorted(p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "_modidx")),
     }

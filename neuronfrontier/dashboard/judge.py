@@ -6,8 +6,8 @@
 from __future__ import annotations
 import math, os, re, subprocess, sys, tempfile, time
 from pathlib import Path
-from ..config import first_line
-from ..sweep import summarize
+from ..engine.config import first_line
+from ..research.sweep import summarize
 from .runs import _clean, _load_json, list_runs
 
 # %% auto #0
@@ -230,7 +230,7 @@ def _dims(shapes: str) -> list[tuple[int, ...]]:
 
 # %% ../../nbs/72_dashboard_judge.ipynb #7d750adc
 def _tiles_step(ctx) -> list[dict]:
-    from neuronfrontier.config import CONFIGS, TILE, recipe_names, resolve
+    from neuronfrontier.engine.config import CONFIGS, TILE, recipe_names, resolve
     dims = ("d_model", "d_mlp", "d_attn", "padded_vocab", "seq_len")
     ms = {n: resolve(n)[0] for n in CONFIGS}
     rows = [[n, ", ".join(recipe_names(n)) or "–", *(getattr(m, k) for k in dims),
@@ -243,7 +243,8 @@ def _tiles_step(ctx) -> list[dict]:
     text = (f"All {len(rows)} presets' widths are multiples of TILE = {TILE}" if not bad
             else f"{', '.join(bad)}: a width that is not a multiple of TILE = {TILE}") + (
             f"; `--set d_model=700` is {refused}.")
-    src = "neuronfrontier.config (CONFIGS resolved with each preset's default recipe, TILE, ModelConfig.validate)"
+    src = ("neuronfrontier.engine.config (CONFIGS resolved with each preset's default recipe, TILE, "
+           "ModelConfig.validate)")
     return [_blk("table", src, "computed from the presets",
                  header=["preset", "recipe", *dims, f"all multiples of {TILE}"], rows=rows),
             _blk("text", src, "computed from the presets", text=text)]
@@ -308,11 +309,11 @@ def _kernels_step(ctx) -> list[dict]:
 # %% ../../nbs/72_dashboard_judge.ipynb #e8a62f06
 def _frontier_note(d: dict) -> dict:
     "What the frontier-era numbers are, against the presets' default recipe now."
-    from neuronfrontier.config import DEFAULT_RECIPE, RECIPES
+    from neuronfrontier.engine.config import DEFAULT_RECIPE, RECIPES
     date = _meta(d).get("date")
     now = ", ".join(f"{k} `{v}`" for k, v in DEFAULT_RECIPE.items())
     kit_muon = "optim=muon" in RECIPES.get("kit", [])
-    return _blk("text", "neuronfrontier.config (DEFAULT_RECIPE, RECIPES)", "computed from the presets", text=(
+    return _blk("text", "neuronfrontier.engine.config (DEFAULT_RECIPE, RECIPES)", "computed from the presets", text=(
         f"These numbers are from the `frontier` recipe ({' '.join(RECIPES['frontier'])}), not a preset's default"
         + (f", measured {date}" if date else "") + f". The presets train their default recipe ({now}): "
         "the kit's" + (", whose block matrices are trained with Muon too" if kit_muon else "")
@@ -348,8 +349,8 @@ def _qk_norm_block(q: dict) -> dict:
 
 # %% ../../nbs/72_dashboard_judge.ipynb #89e81a32
 def _speedrun_step(ctx) -> list[dict]:
-    from neuronfrontier.config import DEFAULT_RECIPE
-    out = [_blk("text", "neuronfrontier.config (DEFAULT_RECIPE)", "computed from the presets", text=(
+    from neuronfrontier.engine.config import DEFAULT_RECIPE
+    out = [_blk("text", "neuronfrontier.engine.config (DEFAULT_RECIPE)", "computed from the presets", text=(
         f"`make speedrun` (`neuronfrontier speedrun --config cpu-tiny --budget 300`) trains cpu-tiny with the "
         f"`{DEFAULT_RECIPE.get('cpu-tiny', 'frontier')}` recipe, its default. The files below measure that recipe "
         "against changes to it; each file's runs shared one machine state, and the files' labels say how the machine "
@@ -409,7 +410,7 @@ def _on_cpu() -> str:
 
 # %% ../../nbs/72_dashboard_judge.ipynb #d6be0465
 def _check_tile(data):
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     out = []
     for v in (700, 768):
         try:
@@ -424,7 +425,7 @@ def _check_kernel(data):
     import torch
     from neuronfrontier.kernels.rmsnorm import TOL
     from neuronfrontier.sim import last_trace
-    from neuronfrontier.testing import compare_backends
+    from neuronfrontier.chip.testing import compare_backends
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(256, 256, generator=g), 1 + 0.1 * torch.randn(256, generator=g)
     errs, tol = (
@@ -441,7 +442,7 @@ def _check_kernel(data):
 # %% ../../nbs/72_dashboard_judge.ipynb #f44e4149
 def _check_muon(data):
     import torch
-    from neuronfrontier.optim import zeropower_via_newtonschulz5, ns_output_band
+    from neuronfrontier.engine.optim import zeropower_via_newtonschulz5, ns_output_band
     G = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0))
     x = torch.linalg.svdvals(G.double()) / G.double().norm()
     lo, hi = ns_output_band(float(x.min()), 1.0)
@@ -460,11 +461,11 @@ def _check_muon(data):
 # %% ../../nbs/72_dashboard_judge.ipynb #ea8e53f0
 def _check_ablation(data, steps: int = 40):
     import torch
-    from neuronfrontier.config import resolve
-    from neuronfrontier.data import find_shards, load_tokenizer, PackedLoader
-    from neuronfrontier.model import GPT
-    from neuronfrontier.optim import build_optimizers
-    from neuronfrontier.trainer import train_step
+    from neuronfrontier.engine.config import resolve
+    from neuronfrontier.data.shards import find_shards, load_tokenizer, PackedLoader
+    from neuronfrontier.engine.model import GPT
+    from neuronfrontier.engine.optim import build_optimizers
+    from neuronfrontier.run.trainer import train_step
 
     paths, _ = find_shards(data)
     enc, _ = load_tokenizer(Path(data) / "tokenizer")
@@ -496,7 +497,7 @@ def _check_ablation(data, steps: int = 40):
 
 # %% ../../nbs/72_dashboard_judge.ipynb #c8bc1f12
 def _check_speedrun(data, budget_s: float = 5.0):
-    from neuronfrontier.trainer import RunSpec, train
+    from neuronfrontier.run.trainer import RunSpec, train
     with tempfile.TemporaryDirectory() as tmp:
         spec = RunSpec("cpu-micro", data, Path(tmp) / "run", budget_s=budget_s, recipe="frontier",
                        sets=("eval_tokens=16384",), verbose=False)

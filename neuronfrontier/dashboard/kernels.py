@@ -79,10 +79,10 @@ def kernels_report(
     """Run every NKI kernel (forward and backward) once in the simulator at the shapes of preset `config`; a JSON-able
     report."""
     import torch
-    from neuronfrontier.config import resolve
+    from neuronfrontier.engine.config import resolve
     from neuronfrontier.hw import TRN2
     from neuronfrontier.kernels import rmsnorm, swiglu, attention, cross_entropy as ce
-    from neuronfrontier.precision import choose_precision, TORCH_DTYPES
+    from neuronfrontier.engine.precision import choose_precision, TORCH_DTYPES
     m, t = resolve(config)
     dn = choose_precision(t.dtype, "neuron").dtype   # the chip's dtype (auto: bf16), not this CPU's
     dt = TORCH_DTYPES[dn]

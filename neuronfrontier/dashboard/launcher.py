@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, os, signal, subprocess, threading, time
 from pathlib import Path
-from ..sweep import scored
+from ..research.sweep import scored
 from .runs import _load_json, read_new, run_path
 from .judge import _CLI
 
@@ -34,7 +34,7 @@ class Launcher:
 
     def choices(self) -> dict:
         "The only values the page may send."
-        from neuronfrontier.config import CONFIGS, RECIPES
+        from neuronfrontier.engine.config import CONFIGS, RECIPES
         return dict(config=list(CONFIGS), recipe=["", *RECIPES], budget=list(BUDGETS),
                     nproc=[n for n in (1, 2, 4, 8) if n <= (os.cpu_count() or 1)])
 
@@ -52,7 +52,7 @@ class Launcher:
             raise ValueError(f"budget {budget!r} and nproc {nproc!r} must be integers") from None
         for k, v in (("config", config), ("recipe", recipe or ""), ("budget", budget), ("nproc", nproc)):
             if v not in ch[k]: raise ValueError(f"{k}={v!r} is not offered; choose one of {ch[k]}")
-        from neuronfrontier.data import find_shards
+        from neuronfrontier.data.shards import find_shards
         try:
             find_shards(self.data)
         except (ValueError, OSError) as e:

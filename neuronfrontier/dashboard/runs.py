@@ -73,7 +73,7 @@ def _load_json(p) -> dict | None:
 def is_run(d: Path) -> bool: return any((Path(d) / f).is_file() for f in RUN_FILES)
 
 # the Pareto rule of the sweep's plot
-from ..sweep import pareto_indices
+from ..research.sweep import pareto_indices
 
 
 def _age(p) -> float:

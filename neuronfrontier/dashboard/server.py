@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, secrets, sys, threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from ..sweep import scored
+from ..research.sweep import scored
 from .runs import (BadName, _age, _clean, _load_json, is_run, is_sweep, list_runs, list_sweeps,
                                            read_new, run_path, run_summary, sweep_table)
 from .judge import LIVE_CHECKS, repo_root, run_check, tour

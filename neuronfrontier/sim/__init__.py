@@ -10,7 +10,7 @@ __all__ = ['REAL_NKI', 'nki', 'nl', 'nisa', 'simulate', 'dry_run', 'shape_only',
 
 # %% ../../nbs/15_nki_sim.ipynb #b758f319
 import sys, types
-from ..neuron import real_nki
+from ..chip.neuron import real_nki
 from ..hw import estimate_time
 from . import tensor, trace, isa, pe, language
 from .tensor import NKI_API, NKIConstraintError, NotSimulatedError, MemoryRegion, NkiTensor
