@@ -782,6 +782,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                       'neuronfrontier/engine/optim.py'),
                                              'neuronfrontier.engine.optim.optimizer_table': ( 'optim.html#optimizer_table',
                                                                                               'neuronfrontier/engine/optim.py'),
+                                             'neuronfrontier.engine.optim.schedule_at': ( 'optim.html#schedule_at',
+                                                                                          'neuronfrontier/engine/optim.py'),
                                              'neuronfrontier.engine.optim.set_groups': ( 'optim.html#set_groups',
                                                                                          'neuronfrontier/engine/optim.py'),
                                              'neuronfrontier.engine.optim.sharded_updates': ( 'optim.html#sharded_updates',

@@ -15,7 +15,7 @@ from .precision import choose_precision, TORCH_DTYPES
 __all__ = ['QUINTIC', 'POLAR_EXPRESS', 'ns_poly', 'ns_output_band', 'default_ns_dtype', 'zeropower_via_newtonschulz5',
            'local_shard', 'sharded_updates', 'momentum_updates', 'Muon', 'normuon_scale', 'build_optimizers',
            'optimizer_table', 'lr_multiplier', 'weight_decay_multiplier', 'muon_momentum', 'momentum_at', 'set_groups',
-           'apply_schedule', 'ns_flops', 'muon_shapes']
+           'schedule_at', 'apply_schedule', 'ns_flops', 'muon_shapes']
 
 # %% ../../nbs/24_optim.ipynb #15d0bdbc
 QUINTIC = ((3.4445, -4.7750, 2.0315),)  # one (a, b, c), repeated every step (Keller Jordan's Muon)
@@ -414,14 +414,22 @@ def set_groups(opts, lr_mult: float, wd_mult: float, momentum: float):
             if isinstance(o, Muon): g["momentum"] = momentum
 
 # %% ../../nbs/24_optim.ipynb #177f8407
+def schedule_at(recipe, frac: float, lr_scale: float = 1.0, step: int | None = None,
+                full_batches: float | None = None) -> tuple[float, float, float]:
+    """(lr multiplier × `lr_scale`, weight-decay multiplier, Muon momentum) of a step at budget fraction `frac`: what
+    every group is set to (`set_groups`). `lr_scale`: what rollbacks and the batch warm-up scale the rate by (1
+    without); `step`, `full_batches`: what the momentum may ramp over (`momentum_at`)."""
+    mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)
+    return mult, wdm, momentum_at(recipe, frac, step, full_batches)
+
+# %% ../../nbs/24_optim.ipynb #fa8b5e6b
 def apply_schedule(opts, recipe, frac: float, lr_scale: float = 1.0, step: int | None = None,
                    full_batches: float | None = None) -> tuple[float, float]:
     """Set every group's lr (initial_lr × `lr_multiplier` × `lr_scale`), weight decay (× `weight_decay_multiplier`)
     and every Muon group's momentum (`momentum_at`) for budget fraction `frac`; return (lr multiplier × lr_scale,
-    momentum). `lr_scale`: what rollbacks and the batch warm-up scale the rate by (1 without). The trainer plans a step
-    once (`phases.Schedule`) and sets the groups from its plan; this is the same in one call."""
-    mult, wdm = lr_multiplier(frac, recipe) * lr_scale, weight_decay_multiplier(frac, recipe)
-    mom = momentum_at(recipe, frac, step, full_batches)
+    momentum). The trainer plans a step once (`phases.Schedule`, from `schedule_at`) and sets the groups from its
+    plan; this is the same in one call."""
+    mult, wdm, mom = schedule_at(recipe, frac, lr_scale, step, full_batches)
     set_groups(opts, mult, wdm, mom)
     return mult, mom
 

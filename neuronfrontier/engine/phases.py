@@ -8,7 +8,7 @@ from functools import lru_cache
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from .config import TrainConfig, _floats
-from .optim import lr_multiplier, weight_decay_multiplier, momentum_at
+from .optim import schedule_at
 
 # %% auto #0
 __all__ = ['batch_phase', 'mtp_weights_at', 'mtp_targets', 'phase_name', 'ema_due', 'StepPlan', 'Schedule']
@@ -98,8 +98,8 @@ class Schedule:
         `full_batches`: micro-batches done before it / grad_accum (Muon's momentum may ramp over them)."""
         t = self.tcfg
         micro, phase_lr = batch_phase(t, frac, index)
+        lr_mult, wd_mult, momentum = schedule_at(t, frac, lr_scale * phase_lr, index, full_batches)
         return StepPlan(
-            index=index, frac=frac, phase=phase_name(t, frac, index), micro_batches=micro,
-            lr_mult=lr_multiplier(frac, t) * (lr_scale * phase_lr), wd_mult=weight_decay_multiplier(frac, t),
-            momentum=momentum_at(t, frac, index, full_batches), mtp=mtp_weights_at(t, frac),
+            index=index, frac=frac, phase=phase_name(t, frac, index), micro_batches=micro, lr_mult=lr_mult,
+            wd_mult=wd_mult, momentum=momentum, mtp=mtp_weights_at(t, frac),
             ema_update=ema_due(index, t.ema_every, t.ema_prewarm))
