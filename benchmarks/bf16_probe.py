@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """fp32 against bf16 matmul time at cpu-tiny's shapes on this CPU: the table behind `dtype=auto` (notebook
-04_precision), and the probe's own decision.
+05_precision), and the probe's own decision.
 
     python benchmarks/bf16_probe.py                 # this CPU as PyTorch dispatches for it
     python benchmarks/bf16_probe.py --avx2          # also in an interpreter dispatching as an AVX2 CPU, side by side

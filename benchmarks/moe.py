@@ -200,7 +200,7 @@ def main(argv=None):
     ap.add_argument("--set", dest="sets", action="append", default=[], help="extra override for every run")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, each pinned to its own cores (default 2)")
     ap.add_argument("--threads", type=int, default=None, help="threads per run (default: CPUs / jobs)")
-    ap.add_argument("--summary", default="nbs/results/moe_benchmark.json", help="JSON for notebook 07_moe ('' for none)")
+    ap.add_argument("--summary", default="nbs/results/moe_benchmark.json", help="JSON for notebook 08_moe ('' for none)")
     ap.add_argument("--roofline-only", action="store_true")
     a = ap.parse_args(argv)
     r = roofline()

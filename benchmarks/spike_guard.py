@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""False alarms of the warm-up spike guard (nbs/35_spikes.ipynb) on this machine: each seed's first steps, judged.
+"""False alarms of the warm-up spike guard (nbs/36_spikes.ipynb) on this machine: each seed's first steps, judged.
 
     python benchmarks/spike_guard.py                        # cpu-tiny, trn2 recipe, seeds 0-9, 10 steps, rise 0.2
     python benchmarks/spike_guard.py --recipe kit --seeds 0 1 2

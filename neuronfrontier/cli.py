@@ -372,7 +372,7 @@ def _train(a) -> int:
 
 # %% ../nbs/99_cli.ipynb #378e3a97
 def _prepare_core(a) -> Path:
-    "`prepare --core`: the CORE bundle into --core-dir (notebook `37_core`)."
+    "`prepare --core`: the CORE bundle into --core-dir (notebook `38_core`)."
     from neuronfrontier.research.core import prepare_core, CORE_URL, CORE_SHA256
     sha = a.core_sha256
     if sha is not None and (len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha)):
@@ -395,7 +395,7 @@ def _eval(a) -> int:
     va = find_shards(d)[1] if score_bpb else None
     enc, tb = load_tokenizer(d / "tokenizer")
     model = load_for_eval(a.checkpoint, dev)
-    if score_bpb and a.official:   # what the organisers' evaluate_bpb scores (nbs/38_kit_prepare)
+    if score_bpb and a.official:   # what the organisers' evaluate_bpb scores (nbs/39_kit_prepare)
         T, n = a.eval_seq_len or OFFICIAL_EVAL_SEQ_LEN, a.eval_tokens or OFFICIAL_EVAL_TOKENS
         vb = stream_batches(va, enc, T, n, tc.get("eval_batch_size", 8))
         score = evaluate_bpb(model, [(x.to(dev), y.to(dev)) for x, y in vb], tb.to(dev))
@@ -610,7 +610,7 @@ def _info(a) -> int:
 
 def _info_prediction(a) -> None:
     """The preset's steps on one trn2 chip, and its val_bpb only where a measurement backs it, each line naming its
-    source (notebook 27_calibration)."""
+    source (notebook 28_calibration)."""
     from neuronfrontier.research.calibration import predict_both, prediction_line, fit_residual_line
     try: torch_, ours = predict_both(a.config, a.recipe, a.sets)
     except ValueError as e:   # a batch the chip's 8 processes cannot split
@@ -716,6 +716,6 @@ def _main(argv=None) -> int:
 
 if __name__ == "__main__" and "__file__" in globals():
     # `python -m neuronfrontier.cli`, what torchrun starts in each process (not this notebook): the rank leaves its
-    # process groups and ends with its own code, without finalizing the interpreter (30_distributed)
+    # process groups and ends with its own code, without finalizing the interpreter (31_distributed)
     from neuronfrontier.run.distributed import run_then_exit
     run_then_exit(main)

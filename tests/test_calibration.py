@@ -1,4 +1,4 @@
-"""The step-time and score model calibrated on public trn2 measurements (notebook 27_calibration)."""
+"""The step-time and score model calibrated on public trn2 measurements (notebook 28_calibration)."""
 import json
 from types import SimpleNamespace
 

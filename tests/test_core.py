@@ -1,4 +1,4 @@
-"""CORE through the command line (notebook 37_core): `eval --core` on the sample bundle with the bigram checkpoint,
+"""CORE through the command line (notebook 38_core): `eval --core` on the sample bundle with the bigram checkpoint,
 whose every score is worked out by hand below, and `prepare --core` from a local archive, with a wrong checksum, and
 from a server that fails twice."""
 import http.server, json, shutil, threading, zipfile

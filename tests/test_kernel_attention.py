@@ -1,4 +1,4 @@
-"Shapes the notebook (nbs/18_kernel_attention.ipynb) does not run: odd head counts, T not a power of two, batch 3, the model path."
+"Shapes the notebook (nbs/19_kernel_attention.ipynb) does not run: odd head counts, T not a power of two, batch 3, the model path."
 import pytest, torch
 import numpy as np
 import torch.nn.functional as F

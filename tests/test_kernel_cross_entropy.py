@@ -1,4 +1,4 @@
-"Cross-entropy NKI kernels (nbs/19_kernel_cross_entropy.ipynb) on shapes the notebook does not run: several d pieces, a narrow last vocabulary tile, several token blocks, zero padding rows, mixed dtypes."
+"Cross-entropy NKI kernels (nbs/20_kernel_cross_entropy.ipynb) on shapes the notebook does not run: several d pieces, a narrow last vocabulary tile, several token blocks, zero padding rows, mixed dtypes."
 import numpy as np
 import pytest
 import torch

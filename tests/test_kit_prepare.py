@@ -1,5 +1,5 @@
 import pytest
-"""The organisers' interface as our stand-in prepare.py implements it (nbs/38_kit_prepare): the scorer's number against
+"""The organisers' interface as our stand-in prepare.py implements it (nbs/39_kit_prepare): the scorer's number against
 `neuronfrontier eval --official`, the kit's token_bytes table, the kit lineage's forward."""
 import json, os, subprocess, sys
 from pathlib import Path

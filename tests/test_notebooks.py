@@ -11,8 +11,8 @@ from conftest import ROOT
 
 NBS = ROOT / "nbs"
 NOTEBOOKS = sorted(NBS.glob("*.ipynb"))
-KERNEL_NBS = ["16_kernel_rmsnorm", "17_kernel_swiglu", "18_kernel_attention", "19_kernel_cross_entropy",
-              "20_kernel_moe", "22_kernel_mlp"]
+KERNEL_NBS = ["17_kernel_rmsnorm", "18_kernel_swiglu", "19_kernel_attention", "20_kernel_cross_entropy",
+              "21_kernel_moe", "23_kernel_mlp"]
 _DIRECTIVE = re.compile(r"^\s*#\|\s*([\w-]+)", re.M)
 _EXPORTED = {"export", "exporti", "exports"}
 _NOT_RUN = {"neuron", "cuda"}          # cells that need hardware: skipped when the notebooks are executed here

@@ -837,7 +837,7 @@ def test_the_facade_reaches_and_instruments_the_submodules():
     assert sim._hbm_count is isa._hbm_count and sim._LAST is trace._LAST and sim._valueless is language._valueless
     with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"): sim.no_such_name
     orig, writes = sim._hbm_count, []
-    sim._hbm_count = lambda tr, t, write: writes.append((write, t.buffer.name)) or orig(tr, t, write)   # as notebook 15 does
+    sim._hbm_count = lambda tr, t, write: writes.append((write, t.buffer.name)) or orig(tr, t, write)   # as 16_nki_sim does
     try:
         simulate(tiled_add)(np.ones((128, 8), np.float32), np.ones((128, 8), np.float32))
     finally:

@@ -172,7 +172,7 @@ def _rehearsal(data):
 def _core(data):
     import tempfile
     from neuronfrontier.research.core import write_sample_bundle, byte_tokenizer, bigram_model, evaluate_core
-    with tempfile.TemporaryDirectory() as d:   # the sample bundle: CORE = 22/45 by hand (notebook 37_core)
+    with tempfile.TemporaryDirectory() as d:   # the sample bundle: CORE = 22/45 by hand (notebook 38_core)
         res = evaluate_core(bigram_model(), byte_tokenizer(), write_sample_bundle(d), "cpu", log=lambda *a: None)
     assert abs(res["core"] - 22 / 45) < 1e-9
 

@@ -1,4 +1,4 @@
-"The whole-step roofline estimate of `neuronfrontier.hw` (nbs/09_hardware.ipynb): its extrapolated kernel traces against full dry runs, and its bookkeeping."
+"The whole-step roofline estimate of `neuronfrontier.hw` (nbs/10_hardware.ipynb): its extrapolated kernel traces against full dry runs, and its bookkeeping."
 import numpy as np
 import pytest
 from neuronfrontier.engine.config import ModelConfig

@@ -1,6 +1,6 @@
 """Every rank exits 0 (issue 51): the export's launch line, launched back to back, ends with every rank at exit 0 and a
 loadable final.pt; a finalizer that aborts at interpreter exit cannot take a rank down; a rank that fails on purpose
-exits with its own code and reason; `check`'s kit run names a teardown abort (nbs/30_distributed, nbs/97_contract)."""
+exits with its own code and reason; `check`'s kit run names a teardown abort (nbs/31_distributed, nbs/97_contract)."""
 import sys
 
 import pytest

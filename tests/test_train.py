@@ -62,7 +62,7 @@ def test_trainer_trains_in_bf16_and_evaluates_in_fp32(pydocs, tmp_path, monkeypa
     real_loss, real_forward = GPT.loss, GPT.forward
     monkeypatch.setattr(GPT, "loss", lambda self, *a, **k: seen["loss"].add(torch.is_autocast_enabled("cpu")) or real_loss(self, *a, **k))
     monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: seen["forward"].add(torch.is_autocast_enabled("cpu")) or real_forward(self, *a, **k))
-    # one row a step: a CPU without native bf16 emulates these matmuls (04_precision), slowly
+    # one row a step: a CPU without native bf16 emulates these matmuls (05_precision), slowly
     r = T.train("cpu-micro", pydocs, tmp_path / "bf16", steps=6, sets=["dtype=bf16", "batch_size=1"] + FAST, verbose=False)
     assert r["status"] == "completed" and seen == {"loss": {True}, "forward": {False}}
     losses = _losses(tmp_path / "bf16")

@@ -303,7 +303,7 @@ def _kernels_step(ctx) -> list[dict]:
         out.append(said(sim, f"FlashAttention at T = {T:,}, d_head = {dh} ({rep.get('dtype')}, one (batch, head) "
                              f"program): {part(fa, 'forward')}; {part(ba, 'backward')}. One T×T score matrix is "
                              f"{tt:,} bytes ({tt / P / 1024:.1f} KiB per partition): {verdict}. The report has this "
-                             f"one T; notebook 18_kernel_attention measures how the peaks grow with T."))
+                             f"one T; notebook 19_kernel_attention measures how the peaks grow with T."))
     return out
 
 # %% ../../nbs/72_dashboard_judge.ipynb #e8a62f06

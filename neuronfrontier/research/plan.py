@@ -158,7 +158,7 @@ def largest_fitting_rows(m, rows: int, world: int, limit: float) -> int:
                default=0)
 
 # %% ../../nbs/93_plan.ipynb #2e9a1502
-STEP_LABEL = (f"{calibration.fit_label()}: calibrated roofline, notebook 23's compiled fit a + b · "
+STEP_LABEL = (f"{calibration.fit_label()}: calibrated roofline, 28_calibration's compiled fit a + b · "
               "cost.step_estimate(kernels=False), made on one trn2 chip at 1,024-token rows; extrapolated to this "
               "launch and row length, the links between chips not in it")
 

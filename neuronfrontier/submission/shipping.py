@@ -313,7 +313,7 @@ after a run.
 # %% ../../nbs/96_shipping.ipynb #54885146
 def prediction_note(config, recipe, sets, nproc: int, lnc: int, shipped: bool = True) -> str:
     """The README's steps at this launch and, where a measurement backs it, the val_bpb, each naming its source
-    (notebook 27_calibration); or why there is none. `shipped`: whether the export ships kernels."""
+    (notebook 28_calibration); or why there is none. `shipped`: whether the export ships kernels."""
     from neuronfrontier.research.calibration import predict_both, prediction_line, fit_residual_line, SOURCES
     try: torch_, ours = predict_both(config, recipe, sets, nproc, lnc)
     except ValueError as e:
