@@ -6,7 +6,9 @@
 from __future__ import annotations
 import argparse, json, os, signal, subprocess, sys, time
 from pathlib import Path
-from .engine.config import first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL_EVAL_SEQ_LEN
+from .engine.config import (first_line, rendezvous_flags, OFFICIAL_EVAL_TOKENS, OFFICIAL_EVAL_SEQ_LEN,
+                                          ModelConfig, TrainConfig)
+from .engine.settings import settings_help
 from .run.flags import flag_group, add_flags, DEFAULT_DATA, DEFAULT_CORE
 
 # %% auto #0
@@ -186,13 +188,18 @@ _TOOLS["calibrate"] = ("refit the step-time calibration with your own chip's mea
     "sources": dict(nargs="+", metavar="RUN_OR_TUNE", help="tune.json files or run directories (result.json)")})])
 
 COMMANDS: dict[str, tuple[str, list]] = {**_TRAINING, **_SCORING, **_SUBMISSION, **_TOOLS}
+_SETTINGS_HELP = settings_help(ModelConfig, TrainConfig)   # every setting's one description (01_settings)
 
 def build_parser() -> argparse.ArgumentParser:
     "The `neuronfrontier` parser: one subcommand per `COMMANDS` entry, its flags in argument groups."
     ap = _Parser(prog="neuronfrontier",
                  description="NeuronFrontier-LM: train a GPT to the lowest val_bpb in a fixed budget.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
-    for name, (help_line, groups) in COMMANDS.items(): add_flags(sub.add_parser(name, help=help_line), *groups)
+    for name, (help_line, groups) in COMMANDS.items():
+        takes_sets = any("--set" in flags for _, flags in groups)   # then its help lists what --set reaches
+        epilog = f"settings (--set KEY=VALUE; the defaults before a preset and recipe):\n{_SETTINGS_HELP}"
+        add_flags(sub.add_parser(name, help=help_line, epilog=epilog if takes_sets else None,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter), *groups)
     return ap
 
 # %% ../nbs/99_cli.ipynb #4050a2e3
@@ -576,8 +583,8 @@ def _check(a) -> int:
 # %% ../nbs/99_cli.ipynb #dcd580c4
 def _info(a) -> int:
     from neuronfrontier.engine.sources import setting_sources
-    from neuronfrontier.engine.config import (CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names,
-                                       setting_groups)
+    from neuronfrontier.engine.config import CONFIGS, ModelConfig, TrainConfig, resolve, recipe_names
+    from neuronfrontier.engine.settings import setting_fields, setting_groups
     names = [a.config] if a.config else list(CONFIGS)
     models = {n: resolve(n, a.recipe, a.sets)[0] for n in names}   # a bad preset or --set fails before any output
     print(f"{'config':12s} {'params':>9s} {'active':>9s} {'non-emb':>9s} {'MFLOP/tok':>10s}  "
@@ -597,14 +604,15 @@ def _info(a) -> int:
         )
     if a.config:   # one preset: where each of its model and training settings comes from
         recipes = " + ".join(recipe_names(a.config, a.recipe)) or "none"
-        print(f"\nrecipe: {recipes}; settings by group, and their sources:")
+        print(f"\nrecipe: {recipes}; settings by group, their sources and (below each) what they do:")
         for cls, model in ((ModelConfig, True), (TrainConfig, False)):
-            groups, group = setting_groups(cls), None
+            groups, docs, group = setting_groups(cls), setting_fields(cls), None
             for k, v, src in setting_sources(a.config, a.recipe, a.sets, model=model):
                 if groups[k] != group:   # a heading for each group of settings
                     group = groups[k]
                     print(f" {group}:")
                 print(f"  {k:20s} {v!s:>14}  {src}")
+                print(f"  {'':20s} {'':>14}  {docs[k].metadata['doc']}")
         _info_prediction(a)
     return 0
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
-from .engine.config import grouped
+from .engine.settings import grouped
 
 # %% auto #0
 __all__ = ['KiB', 'MiB', 'GiB', 'TRN2', 'TRN2_CORE', 'TRN2_LNC2', 'H200', 'H100', 'CPU', 'DEVICES', 'PMAX', 'FMAX', 'MAX_LNC',

@@ -9,17 +9,17 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 from .chip.neuron import torch_neuronx_module  # noqa: F401  the kernel modules' guard: ops.torch_neuronx_module()
+from .engine.config import Backends, _backends
 
 # %% auto #0
-__all__ = ['OPS', 'BACKENDS', 'KERNEL_MODULES', 'TORCH_MODULES', 'AUTO', 'register', 'parse_backend', 'backend_spec',
-           'load_kernels', 'resolve_backend', 'OpSet', 'dispatch', 'kernel_dtype', 'kernel_op', 'rms_norm',
-           'compute_eps', 'swiglu', 'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch',
-           'swiglu_torch', 'relu2_mlp_torch', 'attention_torch', 'window_mask', 'implementations', 'replaced',
-           'watched', 'load_failures', 'set_kernel_importer', 'isolated']
+__all__ = ['OPS', 'KERNEL_MODULES', 'TORCH_MODULES', 'AUTO', 'register', 'parse_backend', 'backend_spec', 'load_kernels',
+           'resolve_backend', 'OpSet', 'dispatch', 'kernel_dtype', 'kernel_op', 'rms_norm', 'compute_eps', 'swiglu',
+           'relu2_mlp', 'attention', 'cross_entropy', 'moe_mlp', 'rms_norm_torch', 'swiglu_torch', 'relu2_mlp_torch',
+           'attention_torch', 'window_mask', 'implementations', 'replaced', 'watched', 'load_failures',
+           'set_kernel_importer', 'isolated']
 
 # %% ../nbs/06_ops.ipynb #a84296d3
-OPS = ("rms_norm", "swiglu", "relu2_mlp", "attention", "cross_entropy", "moe_mlp")
-BACKENDS = ("torch", "nki-sim", "nki", "auto")
+OPS = Backends._fields   # the ops a model's layers call, as `kernels` names them (02_config)
 _IMPLS: dict[str, dict[str, callable]] = {op: {} for op in OPS}
 # the kernel modules, imported lazily the first time a non-torch backend is asked for; each calls `register`
 KERNEL_MODULES = tuple(
@@ -42,21 +42,13 @@ def register(op: str, backend: str):
     return deco
 
 # %% ../nbs/06_ops.ipynb #4dbf48ce
-def parse_backend(spec: str) -> dict[str, str]:
-    "'nki-sim' → every op; 'attention=nki-sim,rms_norm=torch' → those ops, the rest 'auto'."
-    spec = (spec or "auto").strip()
-    out = {op: "auto" for op in OPS}
-    if "=" not in spec:
-        if spec not in BACKENDS:
-            raise ValueError(f"kernels={spec!r}: unknown backend; use one of {', '.join(BACKENDS)}")
-        return {op: spec for op in OPS}
-    for part in spec.split(","):
-        op, _, be = (x.strip() for x in part.partition("="))
-        if op not in OPS: raise ValueError(f"kernels: unknown op {op!r}; ops are {', '.join(OPS)}")
-        if be not in BACKENDS:
-            raise ValueError(f"kernels: unknown backend {be!r} for {op}; use one of {', '.join(BACKENDS)}")
-        out[op] = be
-    return out
+def parse_backend(spec: str | Backends) -> dict[str, str]:
+    """Op → backend: from a `kernels` setting's typed value, or its text ('nki-sim' → every op;
+    'attention=nki-sim,rms_norm=torch' → those ops, the rest 'auto'), parsed as the setting parses it."""
+    if isinstance(spec, str):
+        try: spec = _backends(spec.strip())
+        except ValueError as e: raise ValueError(f"kernels={spec!r} {e}") from None
+    return spec._asdict()
 
 # %% ../nbs/06_ops.ipynb #43774a71
 def backend_spec(backends: dict[str, str], sep: str = ",") -> str:
@@ -116,8 +108,8 @@ class OpSet:
     """The backend each op runs on, for one model: `GPT(cfg, kernels=OpSet("nki-sim"))` hands it to every op its
     layers call. `spec`: as `parse_backend` reads it, or op → backend (the rest `auto`); `fallback`: an `nki` kernel
     that raises sends its op to PyTorch from then on (off in the rehearsal, which must see the failure)."""
-    def __init__(self, spec: str | dict[str, str] = "auto", fallback: bool = True):
-        self.asked = parse_backend(spec if isinstance(spec, str) else backend_spec(spec) or "auto")
+    def __init__(self, spec: str | Backends | dict[str, str] = "auto", fallback: bool = True):
+        self.asked = parse_backend(spec if isinstance(spec, (str, Backends)) else backend_spec(spec) or "auto")
         self.fallback = fallback
         self.fell_back: dict[str, str] = {}   # op -> why its kernel was given up at run time
 

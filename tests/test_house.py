@@ -4,7 +4,8 @@ import argparse, contextlib, importlib.util, io
 from dataclasses import fields, replace
 from pathlib import Path
 import pytest
-from neuronfrontier.engine.config import ModelConfig, TrainConfig, apply_overrides, setting_fields
+from neuronfrontier.engine.config import ModelConfig, TrainConfig, apply_overrides
+from neuronfrontier.engine.settings import setting_fields
 
 _spec = importlib.util.spec_from_file_location("house", Path(__file__).resolve().parent.parent / "tools" / "house.py")
 house = importlib.util.module_from_spec(_spec)
@@ -28,8 +29,8 @@ def test_set_reaches_every_setting_by_its_name():
         assert len(fields(cls)) <= 20 and all(len(fields(t)) <= 20 for t in cls._group_types.values())
         for name, f in setting_fields(cls).items():
             base = (ModelConfig(), TrainConfig())
-            v = getattr(base[side], name)
-            new = "none" if v is None else str(v)
+            v, text = getattr(base[side], name), base[side].text(name)   # a text format: as files write it
+            new = "none" if text is None else str(text)
             out = apply_overrides(*base, [f"{name}={new}"])[side]
             assert getattr(out, name) == v and out == base[side], name
             assert getattr(getattr(out, cls._owner[name]), name) == v

@@ -285,7 +285,7 @@ def test_batch_phases_change_accumulation_and_rate_at_the_stated_fractions():
     assert step(0.061, 7) == (2, 0.6)
     assert step(0.19, 8) == (2, 0.6)
     assert step(0.2, 9) == (4, 1.0)
-    with pytest.raises(ValueError, match="batch_warmup='0.2:0.5': use 'until:share:lr"):
+    with pytest.raises(ValueError, match="batch_warmup='0.2:0.5' is not 'until:share:lr"):
         resolve("cpu-micro", "kit", ["batch_warmup=0.2:0.5"])
 
 
@@ -322,7 +322,7 @@ def test_the_spike_guard_redraws_the_initialisation_while_the_criterion_fires(tm
     guard = json.loads((out / "result.json").read_text())["spike_guard"]
     assert [g["init"] for g in guard] == [0, 1] and all(g["spiked"] and len(g["losses"]) == 6 for g in guard)
     assert guard[0]["losses"][0] != guard[1]["losses"][0]   # another initialisation, the same first rows
-    with pytest.raises(ValueError, match="spike_guard_steps=3: the criterion reads steps after 3"):
+    with pytest.raises(ValueError, match="spike_guard_steps=3 is too few: the criterion reads steps after 3"):
         resolve("cpu-micro", "kit", ["spike_guard_steps=3"])
 
 
@@ -340,5 +340,5 @@ def test_adamw_betas_and_decay_by_role():
     k, tk = resolve("cpu-micro", "kit")
     kit = {g["role"]: g.get("betas", (tk.beta1, tk.beta2)) for g in build_optimizers(GPT(k), tk, False)[-1].param_groups}
     assert kit["resid"] == (0.8, 0.95)   # a role adam_groups does not name: beta1, beta2
-    with pytest.raises(ValueError, match="adam_groups: 'embed:0.8' is not 'role:beta1:beta2:decay'"):
+    with pytest.raises(ValueError, match="adam_groups='embed:0.8' has 'embed:0.8', not 'role:beta1:beta2:decay'"):
         resolve("cpu-micro", "kit", ["adam_groups=embed:0.8"])

@@ -5,15 +5,20 @@
 # %% ../../nbs/02_config.ipynb #b645d86d
 from __future__ import annotations
 import re
-from dataclasses import dataclass, field, fields, replace, MISSING
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+from .settings import (
+    Settings, setting, grouped, setting_fields, one_of, at_least, positive, within, AttnSource, LayerSpan, WarmupStage,
+    AdamRole, _layer_ids, _ids_text, _attn_source, _source_text, _layer_span, _span_text, _window_letters,
+    _warmup_stages, _stages_text, _floats, _floats_text, _rising_fractions, _adam_roles, _roles_text)
 
 # %% auto #0
-__all__ = ['TILE', 'MLPS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS', 'RECIPES',
-           'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'pad_to', 'grouped', 'setting_fields', 'setting_groups',
-           'ShapeSettings', 'ArchSettings', 'InitSettings', 'MoESettings', 'ModelConfig', 'BatchSettings',
-           'OptimizerSettings', 'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'ExecutionSettings',
-           'ClockSettings', 'EvalSettings', 'ResilienceSettings', 'AveragingSettings', 'TrainConfig', 'validate_train',
-           'rank_batch', 'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict']
+__all__ = ['TILE', 'MLPS', 'BACKENDS', 'DTYPES', 'OFFICIAL_EVAL_TOKENS', 'OFFICIAL_EVAL_SEQ_LEN', 'CONFIGS', 'TRAIN_DEFAULTS',
+           'RECIPES', 'RECIPE_SHAPES', 'BASE_RECIPES', 'DEFAULT_RECIPE', 'pad_to', 'aligned', 'ShapeSettings',
+           'ArchSettings', 'InitSettings', 'MoESettings', 'ModelConfig', 'BatchSettings', 'OptimizerSettings',
+           'MuonSettings', 'ScheduleSettings', 'ObjectiveSettings', 'Backends', 'ExecutionSettings', 'ClockSettings',
+           'EvalSettings', 'ResilienceSettings', 'AveragingSettings', 'TrainConfig', 'validate_train', 'rank_batch',
+           'apply_overrides', 'first_line', 'rendezvous_flags', 'recipe_names', 'resolve', 'config_dict']
 
 # %% ../../nbs/02_config.ipynb #051718aa
 TILE = 128  # partition count of SBUF/PSUM and the TensorEngine's contraction size
@@ -28,130 +33,102 @@ def _nearest_aligned(v: int, multiple: int = TILE) -> str:
     lo, hi = (v // multiple) * multiple, pad_to(v, multiple)
     return f"{lo} or {hi}" if lo and lo != hi else f"{hi}"
 
-# %% ../../nbs/02_config.ipynb #8cc2beb5
-def _group_property(group: str, name: str) -> property:
-    "A property of the whole that reads and writes `name` in its group."
-    return property(lambda self: getattr(getattr(self, group), name),
-                    lambda self, v: setattr(getattr(self, group), name, v), doc=f"`{group}.{name}`")
-
-# %% ../../nbs/02_config.ipynb #54419234
-def _grouped_init(self, *args, **kw):
-    """Fields by position or name; a group from an instance (copied) or a dict, with its settings named singly
-    on top."""
-    cls, fs = type(self), fields(type(self))
-    if len(args) > len(fs): raise TypeError(f"{cls.__name__}() takes {len(fs)} positional arguments")
-    for f, a in zip(fs, args): kw[f.name] = a
-    for f in fs:
-        kind = cls._group_types.get(f.name)
-        if kind is not None:
-            own = {g.name: kw.pop(g.name) for g in fields(kind) if g.name in kw}   # its settings named singly
-            given = kw.pop(f.name, None)
-            if isinstance(given, dict): given = kind(**given)
-            v = kind(**own) if given is None else replace(given, **own)   # a copy: never a group shared
-        elif f.name in kw: v = kw.pop(f.name)
-        elif f.default is not MISSING: v = f.default
-        elif f.default_factory is not MISSING: v = f.default_factory()
-        else: raise TypeError(f"{cls.__name__}() is missing its {f.name!r}")
-        object.__setattr__(self, f.name, v)
-    if kw: raise TypeError(f"{cls.__name__}() got an unexpected keyword argument {next(iter(kw))!r}")
-
-# %% ../../nbs/02_config.ipynb #58dae6eb
-def grouped(**types):
-    """Class decorator, over `@dataclass(init=False)`, for a class whose fields include groups: `types` names each
-    group field's dataclass. Each setting of a group becomes a property of the whole, the constructor takes settings
-    by name as well as whole groups, and `flat()` lists every setting."""
-    def wrap(cls):
-        cls._group_types, cls._owner = types, {}
-        for g in types:
-            for f in fields(types[g]):
-                if f.name in cls._owner or hasattr(cls, f.name):
-                    raise TypeError(f"{cls.__name__}: setting {f.name!r} is not unique across the groups")
-                cls._owner[f.name] = g
-                setattr(cls, f.name, _group_property(g, f.name))
-        cls.__init__ = _grouped_init
-        cls.flat = lambda self: {k: getattr(self, k) for k in self._owner}
-        return cls
-    return wrap
-
-# %% ../../nbs/02_config.ipynb #e802d9fb
-def setting_fields(cls) -> dict:
-    "Every setting of a grouped config: name -> its dataclass `Field`, in group order."
-    return {f.name: f for kind in cls._group_types.values() for f in fields(kind)}
-
-def setting_groups(cls) -> dict[str, str]:
-    "Every setting of a grouped config: name -> the group it lives in, in group order."
-    return dict(cls._owner)
-
 # %% ../../nbs/02_config.ipynb #3d339c9f
 MLPS = ("swiglu", "relu2")
 _INITS, _TABLE_DTYPES, _VE_MIXES = ("normal", "uniform"), ("fp32", "bf16"), ("gate", "scalars")
 
+def aligned(v):
+    "A check: a positive multiple of the 128-wide tile, else the nearest aligned values."
+    return None if v > 0 and not v % TILE else (f"is not a multiple of {TILE}; nearest aligned values: "
+                                               f"{_nearest_aligned(max(v, 1))}")
+
+def _head_width(v): return None if v in (64, 128, 256) else "is not supported; use 64, 128 or 256"
+def _dropless_or_positive(v): return None if v is None or v > 0 else "must be > 0, or none for dropless routing"
+
 @dataclass
-class ShapeSettings:
+class ShapeSettings(Settings):
     "The model's shape: every width a multiple of 128 (see `ModelConfig.validate`)."
-    vocab_size: int = 8192     # tokenizer vocabulary (the embedding/head use `padded_vocab`)
-    d_model: int = 768         # width of the residual stream
-    n_layers: int = 12         # transformer blocks
-    n_heads: int = 12          # attention heads per block
-    d_head: int = 64           # 64, 128 or 256 (each the NKI attention kernel takes); n_heads*d_head: attention width
-    n_kv_heads: int = 0        # K/V heads, each shared by n_heads/n_kv_heads query heads (GQA); 0: n_heads (MHA)
-    d_mlp: int = 2048          # MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')
-    seq_len: int = 1024        # training context length: at least the length the model is scored at
+    vocab_size: int = setting(8192, "tokenizer vocabulary (the embedding/head use `padded_vocab`)", check=positive)
+    d_model: int = setting(768, "width of the residual stream", check=aligned)
+    n_layers: int = setting(12, "transformer blocks", check=positive)
+    n_heads: int = setting(12, "attention heads per block", check=positive)
+    d_head: int = setting(64, "64, 128 or 256 (each the NKI attention kernel takes); n_heads*d_head: attention width",
+                              check=_head_width)
+    n_kv_heads: int = setting(0, "K/V heads, each shared by n_heads/n_kv_heads query heads (GQA); 0: n_heads (MHA)",
+                                 check=at_least(0, "0: one per query head"))
+    d_mlp: int = setting(2048, "MLP hidden width (SwiGLU, or ReLU² with mlp='relu2')", check=aligned)
+    seq_len: int = setting(1024, "training context length: at least the length the model is scored at", check=aligned)
 
 # %% ../../nbs/02_config.ipynb #461fc8e0
 @dataclass
-class ArchSettings:
+class ArchSettings(Settings):
     "Architecture switches of the blocks, the embeddings and the head (the kit's lineage: see below)."
-    qk_norm: bool = True       # RMSNorm on q and k per head
-    softcap: float = 15.0      # logit softcap c·tanh(z/c); 0 disables
-    rope_base: float = 10000.0 # RoPE's base θ: the longest wavelength grows with it
-    norm_eps: float = 1e-6     # ε inside every RMSNorm's square root
-    norm_eps_dtype: bool = False  # ε = the compute dtype's machine epsilon instead (K82s4: 2⁻⁷ in bf16, 2⁻²³ in fp32)
-    qk_gain: float = 1.0       # q × this after its QK-norm (K82s4: 1.44), before the attention's 1/√d_head
-    mlp: str = "swiglu"        # 'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)
-    mlp_leak: float = 0.0      # relu2's LeakyReLU slope α: (max(z, αz))²; 0: ReLU² (the kit)
-    value_embeds: bool = False # value embeddings on alternating layers (the last included), mixed into v by a gate
-    ve_layers: str = ""        # with value_embeds: the layers that get one, e.g. '0,4,8' ('': alternating, as above)
-    ve_gate_channels: int = TILE  # input channels the value-embedding gate reads: one tile (the kit: 32)
-    ve_mix: str = "gate"       # 'gate': v + 2σ(gate(x))·ve per head (the kit); 'scalars': a·v + b·ve, a = b = 0.5 at
-                               # init, two learnable numbers a layer (K82s4)
-    ve_shared: bool = False    # one value-embedding table read by every layer that has one (K82s4), not one each
-    layer_scalars: bool = False  # learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block
-    norm_gains: bool = True    # RMSNorms with a learned gain; False: no gain anywhere (the kit)
-    embed_norm: bool = False   # RMSNorm on the token embedding's output (then x0 is the normalised embedding)
-    attn_source: str = ""      # attention-source reuse 'j:a,b,...': blocks a, b, ... project q, k, v from the stream
-                               # after block j (each through its own norm); '' = every block reads its own stream
-    key_offset: float = 0.0    # rotary key offset: the key channels whose rotation over seq_len stays under this
-                               # angle (radians; the slow channels) come from the previous position; 0 = off
-    window_pattern: str = "L"  # attention window per layer, repeating: L = the whole context, S = half of seq_len;
-                               # the last layer always sees the whole context (the kit: 'SSSL')
-    embed_dtype: str = "fp32"  # 'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: bf16)
+    qk_norm: bool = setting(True, "RMSNorm on q and k per head")
+    softcap: float = setting(15.0, "logit softcap c·tanh(z/c); 0 disables", check=at_least(0, "0 disables it"))
+    rope_base: float = setting(10000.0, "RoPE's base θ: the longest wavelength grows with it")
+    norm_eps: float = setting(1e-6, "ε inside every RMSNorm's square root", check=positive)
+    norm_eps_dtype: bool = setting(False, "ε = the compute dtype's machine epsilon instead (K82s4: 2⁻⁷ in bf16, 2⁻²³ "
+                                          "in fp32)")
+    qk_gain: float = setting(1.0, "q × this after its QK-norm (K82s4: 1.44), before the attention's 1/√d_head")
+    mlp: str = setting("swiglu", "'swiglu' (gate, up, down) or 'relu2' (up, relu(·)², down)", check=one_of(*MLPS))
+    mlp_leak: float = setting(0.0, "relu2's LeakyReLU slope α: (max(z, αz))²; 0: ReLU² (the kit)",
+                                   check=within(0, 1, "[)", "0: ReLU²"))
+    value_embeds: bool = setting(False, "value embeddings on alternating layers (the last included), mixed into v by a"
+                                        " gate")
+    ve_layers: tuple[int, ...] = setting((), "with value_embeds: the layers that get one, e.g. '0,4,8' ('': every "
+                                             "other layer, the last included)", parse=_layer_ids, text=_ids_text)
+    ve_gate_channels: int = setting(TILE, "input channels the value-embedding gate reads: one tile (the kit: 32)",
+                                          check=positive)
+    ve_mix: str = setting("gate", "'gate': v + 2σ(gate(x))·ve per head (the kit); 'scalars': a·v + b·ve, a = b = 0.5 "
+                                  "at init, two learnable numbers a layer (K82s4)", check=one_of(*_VE_MIXES))
+    ve_shared: bool = setting(False, "one value-embedding table read by every layer that has one (K82s4), not one each")
+    layer_scalars: bool = setting(False, "learnable per-layer scalars: x ← λ_resid·x + λ_x0·x0 before each block")
+    norm_gains: bool = setting(True, "RMSNorms with a learned gain; False: no gain anywhere (the kit)")
+    embed_norm: bool = setting(False, "RMSNorm on the token embedding's output (then x0 is the normalised embedding)")
+    attn_source: AttnSource | None = setting(None, "attention-source reuse 'j:a,b,...': blocks a, b, ... project q, k,"
+                                                   " v from the stream after block j (each through its own norm); '' ="
+                                                   " every block reads its own stream",
+                                                   parse=_attn_source, text=_source_text)
+    key_offset: float = setting(0.0, "rotary key offset: the key channels whose rotation over seq_len stays under this"
+                                     " angle (radians; the slow channels) come from the previous position; 0 = off",
+                                     check=at_least(0, "0: off"))
+    window_pattern: str = setting("L", "attention window per layer, repeating: L = the whole context, S = half of "
+                                       "seq_len; the last layer always sees the whole context (the kit: 'SSSL')",
+                                       parse=_window_letters)
+    embed_dtype: str = setting("fp32", "'fp32' or 'bf16': storage of the token and value-embedding tables (the kit: "
+                                       "bf16)", check=one_of(*_TABLE_DTYPES))
 
 # %% ../../nbs/02_config.ipynb #c19a6837
 @dataclass
-class InitSettings:
+class InitSettings(Settings):
     "The initial weights: the block matrices' distribution and the scales K82s4 sets apart (notebook 09_model)."
-    init: str = "normal"       # 'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance
-    wte_std: float = 1.0       # the token embedding's init N(0, wte_std²) (K82s4: 0.8)
-    mlp_up_init: float = 1.0   # the MLP up-projection's init × this (K82s4: 0.4, i.e. U(±0.4·√3·d^-½))
-    ve_std: float = 0.0        # the value-embedding tables' init N(0, ve_std²) (K82s4: 1); 0: as the block matrices
-    x0_init: float = 0.1       # the x0 layer scalars' initial value (K82s4: 0.05)
+    init: str = setting("normal", "'normal' (std fan_in^-½) or 'uniform' (±√3·d^-½, the kit): the same variance",
+                                  check=one_of(*_INITS))
+    wte_std: float = setting(1.0, "the token embedding's init N(0, wte_std²) (K82s4: 0.8)")
+    mlp_up_init: float = setting(1.0, "the MLP up-projection's init × this (K82s4: 0.4, i.e. U(±0.4·√3·d^-½))")
+    ve_std: float = setting(0.0, "the value-embedding tables' init N(0, ve_std²) (K82s4: 1); 0: as the block matrices")
+    x0_init: float = setting(0.1, "the x0 layer scalars' initial value (K82s4: 0.05)")
 
 # %% ../../nbs/02_config.ipynb #a44382b5
 @dataclass
-class MoESettings:
+class MoESettings(Settings):
     "Mixture of experts (notebook 08_moe); n_experts = 0: every layer has the dense MLP."
-    n_experts: int = 0                    # routed experts in each MoE layer
-    top_k: int = 2                        # experts each token is routed to
-    d_expert: int = 512                   # SwiGLU hidden width of one expert (routed or shared)
-    n_shared_experts: int = 0             # always-on experts (DeepSeekMoE), one dense SwiGLU of width n·d_expert
-    capacity_factor: float | None = 1.25  # rows per expert = ceil(cf·tokens·k/E) rounded up to 128; None: dropless
-    router: str = "softmax"               # scores from the fp32 router logits: 'softmax' or 'sigmoid'
-    balance: str = "aux_loss"             # 'aux_loss' (Switch), 'bias' (DeepSeek-V3, loss-free) or 'none'
-    aux_loss_coef: float = 0.01           # weight of the load-balancing loss (balance='aux_loss')
-    z_loss_coef: float = 0.001            # weight of the router z-loss (ST-MoE); 0 disables
-    bias_update_rate: float = 0.001       # step of the per-expert bias (balance='bias')
-    moe_layers: str = "all"               # which layers are MoE: 'all', 'k:' (layer k onward) or 'i,j,...'
+    n_experts: int = setting(0, "routed experts in each MoE layer", check=at_least(0, "0: dense"))
+    top_k: int = setting(2, "experts each token is routed to", check=positive)
+    d_expert: int = setting(512, "SwiGLU hidden width of one expert (routed or shared)", check=aligned)
+    n_shared_experts: int = setting(0, "always-on experts (DeepSeekMoE), one dense SwiGLU of width n·d_expert",
+                                       check=at_least(0))
+    capacity_factor: float | None = setting(1.25, "rows per expert = ceil(cf·tokens·k/E) rounded up to 128; None: "
+                                                  "dropless", check=_dropless_or_positive)
+    router: str = setting("softmax", "scores from the fp32 router logits: 'softmax' or 'sigmoid'",
+                                     check=one_of(*_ROUTERS))
+    balance: str = setting("aux_loss", "'aux_loss' (Switch), 'bias' (DeepSeek-V3, loss-free) or 'none'",
+                                       check=one_of(*_BALANCE))
+    aux_loss_coef: float = setting(0.01, "weight of the load-balancing loss (balance='aux_loss')", check=at_least(0))
+    z_loss_coef: float = setting(0.001, "weight of the router z-loss (ST-MoE); 0 disables", check=at_least(0))
+    bias_update_rate: float = setting(0.001, "step of the per-expert bias (balance='bias')", check=at_least(0))
+    moe_layers: LayerSpan = setting(LayerSpan(), "which layers are MoE: 'all', 'k:' (layer k onward) or 'i,j,...'",
+                                                 parse=_layer_span, text=_span_text)
 
 # %% ../../nbs/02_config.ipynb #833eb409
 @grouped(shape=ShapeSettings, arch=ArchSettings, inits=InitSettings, moe=MoESettings)
@@ -180,83 +157,32 @@ class ModelConfig:
     @property
     def moe_layer_ids(self) -> tuple[int, ...]:
         "Indices of the MoE layers (empty when n_experts = 0)."
-        if not self.n_experts: return ()
-        spec = str(self.moe_layers).strip()
-        try:
-            if spec == "all": ids = range(self.n_layers)
-            elif spec.endswith(":"): ids = range(int(spec[:-1]), self.n_layers)
-            else: ids = sorted({int(x) for x in spec.split(",")})
-        except ValueError:
-            raise ValueError(
-                f"moe_layers={spec!r} is not understood; use 'all', 'k:' (layer k onward) or a list like '1,3'"
-            ) from None
-        ids = tuple(ids)
-        if not ids or ids[0] < 0 or ids[-1] >= self.n_layers:
-            raise ValueError(f"moe_layers={spec!r} selects no layer or one outside 0..{self.n_layers - 1}")
-        return ids
+        return self.moe_layers.select(self.n_layers) if self.n_experts else ()
 
     def validate(self) -> "ModelConfig":
-        "Raise `ValueError` naming the first field that breaks the 128-tile rules, its value and aligned neighbours."
-        for name in ("d_model", "d_mlp", "d_attn"):
-            v = getattr(self, name)
-            if v <= 0 or v % TILE:
-                what = "n_heads*d_head" if name == "d_attn" else name
-                raise ValueError(
-                    f"{what}={v} is not a multiple of {TILE}; nearest aligned values: {_nearest_aligned(max(v, 1))}"
-                )
-        if self.d_head not in (64, 128, 256):
-            raise ValueError(f"d_head={self.d_head} is not supported; use 64, 128 or 256")
-        if self.n_kv_heads < 0 or self.n_kv_heads and self.n_heads % self.n_kv_heads:
+        """Raise `ValueError` naming the first setting its group's checks refuse, then what spans settings: the
+        attention width's tile, the K/V heads, the layers a list names."""
+        for g in self._group_types: getattr(self, g).check()
+        if self.d_attn % TILE:
+            raise ValueError(f"n_heads*d_head={self.d_attn} is not a multiple of {TILE}; nearest aligned values: "
+                             f"{_nearest_aligned(self.d_attn)}")
+        if self.n_kv_heads and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (0: one per query head)")
-        if self.attn_source: self.attn_sources()
-        if self.key_offset < 0: raise ValueError(f"key_offset={self.key_offset} must be >= 0 (0: off)")
-        for name in ("n_layers", "n_heads", "seq_len", "vocab_size"):
-            if getattr(self, name) <= 0: raise ValueError(f"{name}={getattr(self, name)} must be positive")
-        if self.seq_len % TILE:
-            raise ValueError(
-                f"seq_len={self.seq_len} is not a multiple of {TILE}; nearest aligned values: "
-                f"{_nearest_aligned(self.seq_len)}"
-            )
-        if self.softcap < 0: raise ValueError(f"softcap={self.softcap} must be >= 0 (0 disables it)")
-        if self.mlp not in MLPS: raise ValueError(f"mlp={self.mlp!r} is unknown; use one of {', '.join(MLPS)}")
-        if not 0 <= self.mlp_leak < 1: raise ValueError(f"mlp_leak={self.mlp_leak} must lie in [0, 1) (0: ReLU²)")
-        if self.ve_layers: self._ve_layer_ids()
-        if self.ve_mix not in _VE_MIXES:
-            raise ValueError(f"ve_mix={self.ve_mix!r} is unknown; use one of {', '.join(_VE_MIXES)}")
-        if not self.window_pattern or set(self.window_pattern.upper()) - set("SL"):
-            raise ValueError(f"window_pattern={self.window_pattern!r}: use the letters S (half context) and L (full), "
-                             "e.g. SSSL")
-        if not 0 < self.ve_gate_channels <= self.d_model:
+        if self.ve_gate_channels > self.d_model:
             raise ValueError(f"ve_gate_channels={self.ve_gate_channels} must lie in 1..d_model={self.d_model}")
-        for name, allowed in (("init", _INITS), ("embed_dtype", _TABLE_DTYPES)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
-        if self.n_experts: self._validate_moe()
-        elif self.n_experts < 0: raise ValueError(f"n_experts={self.n_experts} must be >= 0 (0: dense)")
-        return self
-
-    def _validate_moe(self):
-        if self.d_expert <= 0 or self.d_expert % TILE:
-            raise ValueError(
-                f"d_expert={self.d_expert} is not a multiple of {TILE}; nearest aligned values: "
-                f"{_nearest_aligned(max(self.d_expert, 1))}"
-            )
-        if not 1 <= self.top_k <= self.n_experts:
+        if self.n_experts and self.top_k > self.n_experts:
             raise ValueError(f"top_k={self.top_k} must lie in 1..n_experts={self.n_experts}")
-        if self.n_shared_experts < 0: raise ValueError(f"n_shared_experts={self.n_shared_experts} must be >= 0")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ValueError(f"capacity_factor={self.capacity_factor} must be > 0, or none for dropless routing")
-        for name, allowed in (("router", _ROUTERS), ("balance", _BALANCE)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {', '.join(allowed)}")
-        for name in ("aux_loss_coef", "z_loss_coef", "bias_update_rate"):
-            if getattr(self, name) < 0: raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        self.moe_layer_ids
+        named = {"ve_layers": self.ve_layers, "attn_source": self.attn_source and self.attn_source.readers,
+                 "moe_layers": self.moe_layer_ids or (self.n_layers,) * bool(self.n_experts)}
+        for name, ids in named.items():
+            if ids and max(ids) >= self.n_layers:
+                raise ValueError(f"{name}={self.text(name)!r} selects no layer or one outside 0..{self.n_layers - 1}")
+        return self
 
     @property
     def windows(self) -> list[int | None]:
         "Attention window of each layer in keys before the query (None: the whole context), from `window_pattern`."
-        pattern = self.window_pattern.upper()
+        pattern = self.window_pattern
         out = [None if pattern[i % len(pattern)] == "L" else self.seq_len // 2 for i in range(self.n_layers)]
         out[-1] = None
         return out
@@ -264,7 +190,7 @@ class ModelConfig:
     def has_ve(self, layer: int) -> bool:
         "Whether block `layer` gets a value embedding: one `ve_layers` lists, else every other one back from the last."
         if not self.value_embeds: return False
-        if self.ve_layers: return layer in self._ve_layer_ids()
+        if self.ve_layers: return layer in self.ve_layers
         return layer % 2 == (self.n_layers - 1) % 2
 
     def ve_table_of(self, layer: int) -> int | None:
@@ -275,27 +201,9 @@ class ModelConfig:
     @property
     def n_ve_tables(self) -> int: return len({self.ve_table_of(i) for i in range(self.n_layers)} - {None})
 
-    def _ve_layer_ids(self) -> set[int]:
-        try: ids = {int(x) for x in str(self.ve_layers).split(",") if x.strip()}
-        except ValueError:
-            raise ValueError(f"ve_layers={self.ve_layers!r} is not understood; use layers like '0,4,8'") from None
-        if not ids or min(ids) < 0 or max(ids) >= self.n_layers:
-            raise ValueError(f"ve_layers={self.ve_layers!r} selects no layer or one outside 0..{self.n_layers - 1}")
-        return ids
-
     def attn_sources(self) -> dict[int, int]:
-        "Reader block -> the block whose output it reads attention from (`attn_source` 'j:a,b'; empty when '')."
-        if not self.attn_source: return {}
-        try:
-            src, readers = str(self.attn_source).split(":")
-            j, ids = int(src), {int(x) for x in readers.split(",") if x.strip()}
-        except ValueError:
-            raise ValueError(f"attn_source={self.attn_source!r} is not understood; use 'j:a,b,...' "
-                             "like '5:6,7,8'") from None
-        if not ids or not 0 <= j < min(ids) or max(ids) >= self.n_layers:
-            raise ValueError(f"attn_source={self.attn_source!r}: the readers must come after block j and before "
-                             f"{self.n_layers}")
-        return {i: j for i in sorted(ids)}
+        "Reader block -> the block whose output it reads attention from (`attn_source`; empty when none)."
+        return {i: self.attn_source.source for i in self.attn_source.readers} if self.attn_source else {}
 
     def _mlp_params(self, layer: int, active: bool) -> int:
         """Matmul weights of one layer's MLP: the dense one (`mlp`), or router + shared + routed SwiGLU experts (top_k
@@ -332,150 +240,248 @@ class ModelConfig:
         return 6 * self._matmul_params(active=True) + attn
 
 # %% ../../nbs/02_config.ipynb #5a66bae5
+_SHARDINGS, _ROWS, _POOL_MODES = ("rank", "global"), ("bestfit", "streams"), ("pools", "rolling")
+_POOL_COUNT = at_least(0, "row_pool=0: rows in stream order")
+
 @dataclass
-class BatchSettings:
+class BatchSettings(Settings):
     "What one optimizer step reads, and how the rows reach it."
-    batch_size: int = 16        # sequences per micro-batch (per rank)
-    grad_accum: int = 1         # micro-batches per optimizer step
-    global_batch_tokens: int = 0  # tokens per optimizer step over all ranks; > 0: batch_size is the largest
-                                  # micro-batch and grad_accum follows from the world size (`rank_batch`);
-                                  # 0: batch_size × grad_accum rows on every rank, whatever their number
-    prefetch: int = 2           # batches packed ahead of the step in a background thread (0: packed inside the step)
-    data_sharding: str = "rank"   # 'rank': each rank packs its own rows from its share of documents; 'global': each
-                                  # rank packs the whole global batch and keeps its rows (one process's rows: for tests)
-    row_pool: int = 0           # micro-batches whose rows are shuffled together, without replacement (0: stream order)
-    row_pool_from: int = 0      # the first micro-batch that comes through the pool (those before it: stream order)
-    row_pool_salt: int = 0      # seeds each pool's order, with the pool's index (and the rank with 'rank' sharding)
-    row_pool_mode: str = "pools"  # 'pools': disjoint pools of row_pool micro-batches, each shuffled whole; 'rolling':
-                                  # a buffer of row_pool micro-batches ahead, topped up by one a draw (K82s4)
-    rows: str = "bestfit"       # 'bestfit': BOS-first rows packed best-fit, documents cropped (the kit's loader);
-                                # 'streams': documents joined BOS-first into stream_mix streams, each cut into rows
-                                # of seq_len+1 at stride seq_len (the scorer's layout; K82s4)
-    stream_mix: int = 8         # rows='streams': streams a rank's documents are dealt into, row r from stream r mod it
-                                # (at most batch_size of them)
-    mask_bos_targets: bool = False  # targets that are BOS (a new document) are not trained on (K82s4)
+    batch_size: int = setting(16, "sequences per micro-batch (per rank)", check=positive)
+    grad_accum: int = setting(1, "micro-batches per optimizer step", check=positive)
+    global_batch_tokens: int = setting(0, "tokens per optimizer step over all ranks; > 0: batch_size is the largest "
+                                          "micro-batch and grad_accum follows from the world size (`rank_batch`); 0: "
+                                          "batch_size × grad_accum rows on every rank, whatever their number",
+                                          check=at_least(0, "0: batch_size x grad_accum rows per rank"))
+    prefetch: int = setting(2, "batches packed ahead of the step in a background thread (0: packed inside the step)",
+                               check=at_least(0, "0: no prefetching"))
+    data_sharding: str = setting("rank", "'rank': each rank packs its own rows from its share of documents; 'global': "
+                                         "each rank packs the whole global batch and keeps its rows (one process's "
+                                         "rows: for tests)", check=one_of(*_SHARDINGS))
+    row_pool: int = setting(0, "micro-batches whose rows are shuffled together, without replacement (0: stream order)",
+                               check=_POOL_COUNT)
+    row_pool_from: int = setting(0, "the first micro-batch that comes through the pool (those before it: stream order)",
+                                    check=_POOL_COUNT)
+    row_pool_salt: int = setting(0, "seeds each pool's order, with the pool's index (and the rank with 'rank' "
+                                    "sharding)", check=_POOL_COUNT)
+    row_pool_mode: str = setting("pools", "'pools': disjoint pools of row_pool micro-batches, each shuffled whole; "
+                                          "'rolling': a buffer of row_pool micro-batches ahead, topped up by one a "
+                                          "draw (K82s4)", check=one_of(*_POOL_MODES))
+    rows: str = setting("bestfit", "'bestfit': BOS-first rows packed best-fit, documents cropped (the kit's loader); "
+                                   "'streams': documents joined BOS-first into stream_mix streams, each cut into rows "
+                                   "of seq_len+1 at stride seq_len (the scorer's layout; K82s4)", check=one_of(*_ROWS))
+    stream_mix: int = setting(8, "rows='streams': streams a rank's documents are dealt into, row r from stream r mod "
+                                 "it (at most batch_size of them)", check=at_least(1, "row r reads stream r mod it"))
+    mask_bos_targets: bool = setting(False, "targets that are BOS (a new document) are not trained on (K82s4)")
 
 # %% ../../nbs/02_config.ipynb #4c8255ad
+_OPTIMS = ("adamw", "muon")
+def _positive_scale(v): return None if v > 0 else "must be > 0 (1: off)"
+def _beta_or_none(v): return None if v is None or 0 <= v < 1 else "must lie in [0, 1), or none for beta1"
+
 @dataclass
-class OptimizerSettings:
+class OptimizerSettings(Settings):
     "Which optimizer, AdamW's rates and moments (everything but Muon's matrices), decay and clipping."
-    optim: str = "muon"         # 'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'
-    lr: float = 3e-3            # AdamW lr for block weights (when optim='adamw')
-    embed_lr: float = 3e-3      # AdamW lr for the token embedding
-    head_lr: float = 3e-3       # AdamW lr for the head
-    scalar_lr: float = 3e-3     # AdamW lr for norm weights and other 1D parameters
-    lr_width_scale: bool = False  # embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned at 768)
-    beta1: float = 0.9          # AdamW's first-moment decay
-    beta2: float = 0.95         # AdamW's second-moment decay
-    adam_eps: float = 1e-8      # AdamW's ε (the kit: 1e-10)
-    resid_lr_scale: float = 1.0 # the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)
-    mlp_out_lr_scale: float = 1.0  # the MLPs' output projections (w_down, experts' too): the block rate × this
-    x0_beta1: float | None = None  # β1 of the x0 layer scalars (None: beta1; the kit: 0.96)
-    weight_decay: float = 0.0   # decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')
-    adam_groups: str = ""       # AdamW's betas and decay by role, 'role:beta1:beta2:decay,...' (roles embed, head,
-                                # scalar, resid, x0, router); '' = beta1, beta2 and no decay for every one
-    grad_clip: float = 1.0      # 0 disables
+    optim: str = setting("muon", "'muon' (Muon for 2D block weights + AdamW for the rest) or 'adamw'",
+                                 check=one_of(*_OPTIMS))
+    lr: float = setting(3e-3, "AdamW lr for the block weights with optim='adamw', and for the MoE router with either")
+    embed_lr: float = setting(3e-3, "AdamW lr for the token embedding")
+    head_lr: float = setting(3e-3, "AdamW lr for the head")
+    scalar_lr: float = setting(3e-3, "AdamW lr for norm weights and other 1D parameters")
+    lr_width_scale: bool = setting(False, "embedding and head AdamW lrs × (d_model/768)^-½ (the kit's values are tuned"
+                                          " at 768)")
+    beta1: float = setting(0.9, "AdamW's first-moment decay", check=within(0, 1, "[)"))
+    beta2: float = setting(0.95, "AdamW's second-moment decay", check=within(0, 1, "[)"))
+    adam_eps: float = setting(1e-8, "AdamW's ε (the kit: 1e-10)", check=within(0, 1, "()"))
+    resid_lr_scale: float = setting(1.0, "the residual layer scalars' rate: scalar_lr × this (the kit: 0.01)",
+                                         check=at_least(0))
+    mlp_out_lr_scale: float = setting(1.0, "the MLPs' output projections (w_down, experts' too): the block rate × this",
+                                           check=_positive_scale)
+    x0_beta1: float | None = setting(None, "β1 of the x0 layer scalars (None: beta1; the kit: 0.96)",
+                                           check=_beta_or_none)
+    weight_decay: float = setting(0.0, "decoupled decay of the block matrices (Muon's, or AdamW's with optim='adamw')",
+                                       check=at_least(0))
+    adam_groups: tuple[AdamRole, ...] = setting((), "AdamW's betas and decay by role, 'role:beta1:beta2:decay,...' "
+                                                    "(roles embed, head, scalar, resid, x0, router); '' = beta1, beta2"
+                                                    " and no decay for every one", parse=_adam_roles, text=_roles_text)
+    grad_clip: float = setting(1.0, "the gradients' global norm is clipped to this; 0 disables",
+                               check=at_least(0, "0 disables it"))
 
 # %% ../../nbs/02_config.ipynb #cadbb3b1
+_NS_COEFFS, _MOMENTUM_UNITS = ("quintic", "polar_express"), ("step", "full_batch")
+
 @dataclass
-class MuonSettings:
+class MuonSettings(Settings):
     "Muon, for the 2D block weights (optim='muon'): its rate, momentum ramp and orthogonalisation."
-    muon_lr: float = 0.025      # Muon lr for 2D block weights (when optim='muon')
-    muon_momentum: float = 0.95         # Muon momentum after its warm-up
-    muon_momentum_start: float = 0.85   # ... rising linearly from this value
-    muon_momentum_warmup: float = 0.1   # ... over this fraction of the budget (0: constant)
-    muon_momentum_steps: int = 0        # ... or, when > 0, over this many steps (the kit: 300); a caller that passes
-                                        # no step index (a probe, a benchmark) gets the budget-fraction ramp
-    muon_ema: bool = False      # Nesterov in the EMA form buf ← lerp(buf, g, 1−μ), u ← lerp(g, buf, μ) (the kit)
-    ns_coeffs: str = "quintic"          # Newton–Schulz polynomial: 'quintic' or 'polar_express'
-    normuon: bool = False       # NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update
-    cautious_wd: bool = False   # Muon's weight decay only where update and weight agree in sign, decaying linearly to 0
-    wd_fade: bool = True        # with cautious_wd: every decay × (1 − budget fraction); False: constant × lr (K82s4)
-    normuon_beta2: float = 0.95 # NorMuon's second-moment decay (K82s4: 0.9)
-    ns_safety: float = 0.0      # Newton–Schulz input X/(‖X‖·ns_safety + ns_eps); 0: the coefficients' own (1.02 for
-    ns_eps: float = 1e-7        # polar_express, 1 for quintic) (K82s4: 1.01 and 1e-6)
-    muon_momentum_unit: str = "step"  # muon_momentum_steps counts 'step's, or 'full_batch'es: micro-batches done /
-                                      # grad_accum, slower through a batch warm-up (K82s4)
+    muon_lr: float = setting(0.025, "Muon lr for 2D block weights (when optim='muon')")
+    muon_momentum: float = setting(0.95, "Muon momentum after its warm-up", check=within(0, 1, "[)"))
+    muon_momentum_start: float = setting(0.85, "Muon momentum at the start, rising linearly to muon_momentum",
+                                         check=within(0, 1, "[)"))
+    muon_momentum_warmup: float = setting(0.1, "Muon momentum's ramp: over this fraction of the budget (0: constant)",
+                                          check=within(0, 1))
+    muon_momentum_steps: int = setting(0, "> 0: Muon momentum's ramp over this many steps instead (the kit: 300); a "
+                                          "caller that passes no step index (a probe, a benchmark) gets the "
+                                          "budget-fraction ramp",
+                                          check=at_least(0, "0: ramp by budget fraction"))
+    muon_ema: bool = setting(False, "Nesterov in the EMA form buf ← lerp(buf, g, 1−μ), u ← lerp(g, buf, μ) (the kit)")
+    ns_coeffs: str = setting("quintic", "Newton–Schulz polynomial: 'quintic' or 'polar_express'",
+                                        check=one_of(*_NS_COEFFS))
+    normuon: bool = setting(False, "NorMuon: per-neuron second-moment normalisation of Muon's orthogonalised update")
+    cautious_wd: bool = setting(False, "Muon's weight decay only where update and weight agree in sign, decaying "
+                                       "linearly to 0")
+    wd_fade: bool = setting(True, "with cautious_wd: every decay × (1 − budget fraction); False: constant × lr (K82s4)")
+    normuon_beta2: float = setting(0.95, "NorMuon's second-moment decay (K82s4: 0.9)", check=within(0, 1, "[)"))
+    ns_safety: float = setting(0.0, "Newton–Schulz input X/(‖X‖·ns_safety + ns_eps); 0: the coefficients' own (1.02 "
+                                    "for polar_express, 1 for quintic) (K82s4: 1.01)",
+                               check=at_least(0, "0: the coefficients' own"))
+    ns_eps: float = setting(1e-7, "the ε in Newton–Schulz's input X/(‖X‖·ns_safety + ns_eps) (K82s4: 1e-6)",
+                            check=within(0, 1, "()"))
+    muon_momentum_unit: str = setting("step", "muon_momentum_steps counts 'step's, or 'full_batch'es: micro-batches "
+                                              "done / grad_accum, slower through a batch warm-up (K82s4)",
+                                              check=one_of(*_MOMENTUM_UNITS))
 
 # %% ../../nbs/02_config.ipynb #b2e6c2a2
+_SCHEDULES = ("wsd", "cosine")
+
 @dataclass
-class ScheduleSettings:
+class ScheduleSettings(Settings):
     "The learning-rate schedule, a function of the elapsed fraction of the budget."
-    schedule: str = "wsd"       # 'wsd' (warmup-stable-decay) or 'cosine'
-    warmup_frac: float = 0.02   # share of the budget the rate ramps up over, linearly from 0
-    cooldown_frac: float = 0.4  # last share of the budget the rate decays over (wsd)
-    final_lr_frac: float = 0.0  # the rate at the end, as a fraction of its peak
-    warmup_steps: int = 0       # > 0: the rate ramps as (step+1)/warmup_steps over the first steps instead, each
-                                # a full step (K82s4: 20)
-    cooldown_levels: int = 0    # wsd: 0 = a linear cooldown; N = a staircase of N levels, N/(N+1) down to 1/(N+1)
-                                # (K82s4: 19, 0.95 → 0.05)
-    batch_warmup: str = ""      # batch warm-up 'until:share:lr,...': before budget fraction `until` a step takes
-                                # `share` of its micro-batches at `lr` × the rate (K82s4: '0.06:0.25:0.35,0.2:0.5:0.6')
+    schedule: str = setting("wsd", "'wsd' (warmup-stable-decay) or 'cosine'", check=one_of(*_SCHEDULES))
+    warmup_frac: float = setting(0.02, "share of the budget the rate ramps up over, linearly from 0",
+                                       check=within(0, 1))
+    cooldown_frac: float = setting(0.4, "last share of the budget the rate decays over (wsd)", check=within(0, 1))
+    final_lr_frac: float = setting(0.0, "the rate at the end, as a fraction of its peak", check=within(0, 1))
+    warmup_steps: int = setting(0, "> 0: the rate ramps as (step+1)/warmup_steps over the first steps instead, each a "
+                                   "full step (K82s4: 20)", check=at_least(0, "0: warmup_frac"))
+    cooldown_levels: int = setting(0, "wsd: 0 = a linear cooldown; N = a staircase of N levels, N/(N+1) down to "
+                                      "1/(N+1) (K82s4: 19, 0.95 → 0.05)", check=at_least(0, "0: off"))
+    batch_warmup: tuple[WarmupStage, ...] = setting((), "batch warm-up 'until:share:lr,...': before budget fraction "
+                                                        "`until` a step takes `share` of its micro-batches at `lr` × "
+                                                        "the rate (K82s4: '0.06:0.25:0.35,0.2:0.5:0.6')",
+                                                        parse=_warmup_stages, text=_stages_text)
 
 # %% ../../nbs/02_config.ipynb #4fbe86a0
 @dataclass
-class ObjectiveSettings:
+class ObjectiveSettings(Settings):
     "What the training loss scores: the next token, or (multi-token prediction) the next few, faded out."
-    mtp_weights: str = ""       # loss weights of the next k tokens from one head, e.g. '1,0.5,0.25' ('' = next only)
-    mtp_fade: str = ""          # budget fractions at which the weights reach 0, farthest token first: the last
-                                # fades from 0 to the first fraction, the next from there to the second, ...
-    mtp_stages: int = 4         # each fade in this many steady stages (the midpoints of a linear fade)
+    mtp_weights: tuple[float, ...] = setting((), "loss weights of the next k tokens from one head, e.g. '1,0.5,0.25' "
+                                                 "('' = next only)", parse=_floats, text=_floats_text)
+    mtp_fade: tuple[float, ...] = setting((), "budget fractions at which the weights reach 0, farthest token first: "
+                                              "the last fades from 0 to the first fraction, the next from there to the"
+                                              " second, ...", parse=_rising_fractions, text=_floats_text)
+    mtp_stages: int = setting(4, "each fade in this many steady stages (the midpoints of a linear fade)",
+                                 check=at_least(1))
 
-# %% ../../nbs/02_config.ipynb #56d5770e
+# %% ../../nbs/02_config.ipynb #76b1d180
+BACKENDS = ("torch", "nki-sim", "nki", "auto")
+
+class Backends(NamedTuple):
+    "The backend each op runs on (`kernels`): one field per op, in the op table's order (`06_ops`)."
+    rms_norm: str = "auto"
+    swiglu: str = "auto"
+    relu2_mlp: str = "auto"
+    attention: str = "auto"
+    cross_entropy: str = "auto"
+    moe_mlp: str = "auto"
+
+def _backends(text: str) -> Backends:
+    "'nki-sim' (every op) or 'attention=nki-sim,rms_norm=torch' (those ops, the rest auto) -> `Backends`."
+    text = text or "auto"
+    if "=" not in text:
+        if text not in BACKENDS: raise ValueError(f"names an unknown backend; use one of {', '.join(BACKENDS)}")
+        return Backends(*[text] * len(Backends._fields))
+    named = dict((x.strip() for x in part.partition("=")[::2]) for part in text.split(","))
+    for op, be in named.items():
+        if op not in Backends._fields:
+            raise ValueError(f"names an unknown op {op!r}; ops are {', '.join(Backends._fields)}")
+        if be not in BACKENDS:
+            raise ValueError(f"names an unknown backend {be!r} for {op}; use one of {', '.join(BACKENDS)}")
+    return Backends(**named)
+
+def _backends_text(v: Backends) -> str:
+    "One backend for every op: its name; else 'op=backend' for each op not on auto."
+    return v[0] if len(set(v)) == 1 else ",".join(f"{op}={b}" for op, b in v._asdict().items() if b != "auto")
+
+# %% ../../nbs/02_config.ipynb #dedc1527
+DTYPES = ("auto", "fp32", "bf16")
+
 @dataclass
-class ExecutionSettings:
+class ExecutionSettings(Settings):
     "How the step runs on the device: kernels, precision, compilation, sharding."
-    kernels: str = "auto"       # ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')
-    dtype: str = "auto"         # 'auto' (bf16 where the device computes it natively, else fp32: 05_precision),
-                                # 'bf16' (autocast forward and backward) or 'fp32'
-    compile: bool | None = None  # torch.compile the loss path (during the warm-up); None: on Neuron only
-    preflight: bool = True        # check each NKI op on the device before training; failing, wrong or slower: torch
-    preflight_speed: bool = True  # the preflight's per-op timing may refuse a kernel; off where `neuronfrontier tune`
-                                  # chose the kernels by timing the whole step (then it guards correctness only)
-    ep: int = 1                 # expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks
-    fsdp: bool = False          # FSDP2 (`train --fsdp`): parameters, gradients, optimizer state sharded over the ranks
+    kernels: Backends = setting(Backends(), "ops backend: 'auto', 'torch', 'nki-sim', 'nki' (or 'op=backend,...')",
+                                parse=_backends, text=_backends_text)
+    dtype: str = setting("auto", "'auto' (bf16 where the device computes it natively, else fp32: 05_precision), 'bf16'"
+                                 " (autocast forward and backward) or 'fp32'", check=one_of(*DTYPES))
+    compile: bool | None = setting(None, "torch.compile the loss path (during the warm-up); None: on Neuron only")
+    preflight: bool = setting(True, "check each NKI op on the device before training; failing, wrong or slower: torch")
+    preflight_speed: bool = setting(True, "the preflight's per-op timing may refuse a kernel; off where "
+                                          "`neuronfrontier tune` chose the kernels by timing the whole step (then it "
+                                          "guards correctness only)")
+    ep: int = setting(1, "expert-parallel ranks (MoE; `train --ep N`): experts shared out over groups of N ranks",
+                         check=at_least(1, "1: no expert parallelism"))
+    fsdp: bool = setting(False, "FSDP2 (`train --fsdp`): parameters, gradients, optimizer state sharded over the ranks")
 
 # %% ../../nbs/02_config.ipynb #00339893
 @dataclass
-class ClockSettings:
+class ClockSettings(Settings):
     "What the budget is charged for, and the shares of it the start-up may take."
-    charge_warmup: bool = False # True: the warm-up (setup, compilation) counts against the budget
-    compile_frac: float = 0.25    # share of the budget compilation may take (compile=true); past it: eager
-    preflight_frac: float = 0.05  # share of the budget the preflight may take (at least 30 s)
+    charge_warmup: bool = setting(False, "True: the warm-up (setup, compilation) counts against the budget")
+    compile_frac: float = setting(0.25, "share of the budget compilation may take (compile=true); past it: eager",
+                                        check=within(0, 1, "(]"))
+    preflight_frac: float = setting(0.05, "share of the budget the preflight may take (at least 30 s)",
+                                          check=within(0, 1, "(]"))
 
 # %% ../../nbs/02_config.ipynb #bea51eb8
+_EVAL_DTYPES = ("fp32", "bf16")
+
 @dataclass
-class EvalSettings:
+class EvalSettings(Settings):
     "The fixed evaluation at the end of a run, and how often the loss is logged."
-    eval_tokens: int = 131072   # validation tokens scored: the same for every preset, so CPU runs compare
-    eval_seq_len: int = 512     # eval sequence length (never above the training seq_len)
-    eval_batch_size: int = 8    # rows per evaluation forward
-    eval_dtype: str = "fp32"    # 'fp32', or 'bf16' to evaluate under autocast
-    log_every: int = 10         # steps between logged (synchronised) losses
+    eval_tokens: int = setting(131072, "validation tokens scored: the same for every preset, so CPU runs compare",
+                                       check=positive)
+    eval_seq_len: int = setting(512, "eval sequence length (never above the training seq_len)", check=positive)
+    eval_batch_size: int = setting(8, "rows per evaluation forward", check=positive)
+    eval_dtype: str = setting("fp32", "'fp32', or 'bf16' to evaluate under autocast", check=one_of(*_EVAL_DTYPES))
+    log_every: int = setting(10, "steps between logged (synchronised) losses", check=positive)
 
 # %% ../../nbs/02_config.ipynb #aaf5a0b8
+def _above_one(v): return None if v > 1 else "must be > 1"
+def _guard_steps(v):
+    if v < 0: return "must be >= 0 (0: off)"
+    return "is too few: the criterion reads steps after 3; use 6 or more (0: off)" if 0 < v < 6 else None
+
 @dataclass
-class ResilienceSettings:
+class ResilienceSettings(Settings):
     "A run that never loses its checkpoint (notebook 37_trainer): snapshots and rollbacks."
-    snapshot_every: int = 50      # steps between host copies of the last finite weights and optimizer state (0: none)
-    max_rollbacks: int = 3        # rollbacks to the last finite state before the run stops with it
-    rollback_lr_factor: float = 0.5  # learning rate multiplied by this at each rollback
-    explode_factor: float = 1.5   # a logged loss above this × the best one so far (after warm-up) rolls back
-    spike_guard_steps: int = 0    # > 0: the warm-up runs the first steps and re-draws the initialisation while they
-                                  # take the spike path (36_spikes); 0 = off
-    spike_guard_rise: float = 0.2 # ... a loss after step 3 this many nats above the lowest before it
-    spike_guard_tries: int = 2    # ... at most this many re-draws
+    snapshot_every: int = setting(50, "steps between host copies of the last finite weights and optimizer state (0: "
+                                      "none)", check=at_least(0, "0: no snapshots"))
+    max_rollbacks: int = setting(3, "rollbacks to the last finite state before the run stops with it",
+                                    check=at_least(0))
+    rollback_lr_factor: float = setting(0.5, "learning rate multiplied by this at each rollback",
+                                             check=within(0, 1, "(]"))
+    explode_factor: float = setting(1.5, "a logged loss above this × the best one so far (after warm-up) rolls back",
+                                         check=_above_one)
+    spike_guard_steps: int = setting(0, "> 0: the warm-up runs the first steps and re-draws the initialisation while "
+                                        "they take the spike path (36_spikes); 0 = off", check=_guard_steps)
+    spike_guard_rise: float = setting(0.2, "the spike guard's criterion: a loss after step 3 this many nats above the "
+                                           "lowest before it")
+    spike_guard_tries: int = setting(2, "the spike guard's re-draws, at most", check=at_least(0))
 
 # %% ../../nbs/02_config.ipynb #2d34b42a
 @dataclass
-class AveragingSettings:
+class AveragingSettings(Settings):
     "An average of the weights along the run, blended into the weights that are saved and scored (33_averaging)."
-    ema_every: int = 0            # steps between updates of the exponential moving average (EMA; 0: none)
-    ema_decay: float = 0.99       # the EMA's decay per step: an update every k steps decays it by ema_decay^k
-    ema_blend: float = 0.6        # the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights
-    ema_prewarm: int = 0          # > 0: one more update after this many steps (K82s4: 4, the kit's excluded steps − 1)
-    ema_pure_above: float = 0.0   # > 0: a run that ends with its lr multiplier above this saves the EMA alone, not
-                                  # the blend (K82s4: 0.15, i.e. cooldown level 3 of 20)
+    ema_every: int = setting(0, "steps between updates of the exponential moving average (EMA; 0: none)",
+                                check=at_least(0, "0: no weight average"))
+    ema_decay: float = setting(0.99, "the EMA's decay per step: an update every k steps decays it by ema_decay^k",
+                                     check=within(0, 1, "()"))
+    ema_blend: float = setting(0.6, "the saved weights: ema_blend × EMA + (1 − ema_blend) × the trained weights",
+                                    check=within(0, 1))
+    ema_prewarm: int = setting(0, "> 0: one more EMA update after this many steps (K82s4: 4, the kit's excluded "
+                                  "steps − 1)",
+                                  check=at_least(0, "0: off"))
+    ema_pure_above: float = setting(0.0, "> 0: a run that ends with its lr multiplier above this saves the EMA alone, "
+                                         "not the blend (K82s4: 0.15, i.e. cooldown level 3 of 20)",
+                                         check=within(0, 1, "[)", "0: off"))
 
 # %% ../../nbs/02_config.ipynb #31e28ea0
 @grouped(batch=BatchSettings, optimizer=OptimizerSettings, muon=MuonSettings, lr_schedule=ScheduleSettings,
@@ -496,109 +502,22 @@ class TrainConfig:
     averaging: AveragingSettings = field(default_factory=AveragingSettings)
 
 # %% ../../nbs/02_config.ipynb #039b7f78
-_SCHEDULES, _OPTIMS = ("wsd", "cosine"), ("adamw", "muon")
-DTYPES, _EVAL_DTYPES, _NS_COEFFS = ("auto", "fp32", "bf16"), ("fp32", "bf16"), ("quintic", "polar_express")
-_SHARDINGS = ("rank", "global")
-_ADAM_ROLES = ("embed", "head", "scalar", "resid", "x0", "router")
 OFFICIAL_EVAL_TOKENS = 20_971_520   # the public evaluation: 20,971,520 tokens = 83,462,186 bytes (COMPETITION.md)
 OFFICIAL_EVAL_SEQ_LEN = 1024        # the scorer's context, as one team infers it (a 2048 evaluation sat 0.021 away)
 
 def validate_train(t: TrainConfig) -> TrainConfig:
-    "Check a `TrainConfig`; raise `ValueError` naming the field and the allowed values."
-    if t.schedule not in _SCHEDULES:
-        raise ValueError(f"schedule={t.schedule!r} is unknown; use one of {', '.join(_SCHEDULES)}")
-    if t.optim not in _OPTIMS: raise ValueError(f"optim={t.optim!r} is unknown; use one of {', '.join(_OPTIMS)}")
-    for k, allowed in (("dtype", DTYPES), ("eval_dtype", _EVAL_DTYPES)):
-        if getattr(t, k) not in allowed:
-            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(allowed)}")
-    if t.ns_coeffs not in _NS_COEFFS:
-        raise ValueError(f"ns_coeffs={t.ns_coeffs!r} is unknown; use one of {', '.join(_NS_COEFFS)}")
-    for k in ("batch_size", "grad_accum", "eval_tokens", "eval_seq_len", "eval_batch_size", "log_every"):
-        if getattr(t, k) <= 0: raise ValueError(f"{k}={getattr(t, k)} must be positive")
-    for k in ("warmup_frac", "cooldown_frac", "final_lr_frac", "muon_momentum_warmup"):
-        if not 0 <= getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1]")
-    for k in ("muon_momentum", "muon_momentum_start"):
-        if not 0 <= getattr(t, k) < 1: raise ValueError(f"{k}={getattr(t, k)} must lie in [0, 1)")
+    """Check a `TrainConfig`: each group's own checks, then what spans settings; a `ValueError` names the setting and
+    the values it allows."""
+    for g in t._group_types: getattr(t, g).check()
     if t.warmup_frac + t.cooldown_frac > 1:
         raise ValueError(f"warmup_frac + cooldown_frac = {t.warmup_frac + t.cooldown_frac} exceeds 1")
-    if t.weight_decay < 0: raise ValueError(f"weight_decay={t.weight_decay} must be >= 0")
-    if t.prefetch < 0: raise ValueError(f"prefetch={t.prefetch} must be >= 0 (0: no prefetching)")
-    if t.ep < 1: raise ValueError(f"ep={t.ep} must be >= 1 (1: no expert parallelism)")
-    if t.data_sharding not in _SHARDINGS:
-        raise ValueError(f"data_sharding={t.data_sharding!r} is unknown; use one of {', '.join(_SHARDINGS)}")
-    for k in ("row_pool", "row_pool_from", "row_pool_salt"):
-        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0 (row_pool=0: rows in stream order)")
-    for k in ("preflight_frac", "compile_frac"):
-        if not 0 < getattr(t, k) <= 1: raise ValueError(f"{k}={getattr(t, k)} must lie in (0, 1]")
-    if t.snapshot_every < 0: raise ValueError(f"snapshot_every={t.snapshot_every} must be >= 0 (0: no snapshots)")
-    if t.max_rollbacks < 0: raise ValueError(f"max_rollbacks={t.max_rollbacks} must be >= 0")
-    if not 0 < t.rollback_lr_factor <= 1:
-        raise ValueError(f"rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1]")
-    if t.explode_factor <= 1: raise ValueError(f"explode_factor={t.explode_factor} must be > 1")
-    for k in ("spike_guard_steps", "spike_guard_tries"):
-        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0")
-    if 0 < t.spike_guard_steps < 6:
-        raise ValueError(f"spike_guard_steps={t.spike_guard_steps}: the criterion reads steps after 3; use 6 or more")
-    if t.global_batch_tokens < 0:
-        raise ValueError(f"global_batch_tokens={t.global_batch_tokens} must be >= 0 "
-                         "(0: batch_size x grad_accum rows per rank)")
-    if t.muon_momentum_steps < 0:
-        raise ValueError(f"muon_momentum_steps={t.muon_momentum_steps} must be >= 0 (0: ramp by budget fraction)")
-    if not t.adam_eps > 0: raise ValueError(f"adam_eps={t.adam_eps} must be > 0")
-    if t.resid_lr_scale < 0: raise ValueError(f"resid_lr_scale={t.resid_lr_scale} must be >= 0")
-    if not t.mlp_out_lr_scale > 0: raise ValueError(f"mlp_out_lr_scale={t.mlp_out_lr_scale} must be > 0 (1: off)")
-    if t.ema_every < 0: raise ValueError(f"ema_every={t.ema_every} must be >= 0 (0: no weight average)")
-    if not 0 < t.ema_decay < 1: raise ValueError(f"ema_decay={t.ema_decay} must lie in (0, 1)")
-    if not 0 <= t.ema_blend <= 1: raise ValueError(f"ema_blend={t.ema_blend} must lie in [0, 1]")
     if t.ema_every and (t.fsdp or t.ep > 1):   # the average is of whole weights: each rank's must be the same
         raise ValueError(f"ema_every={t.ema_every} averages replicated weights: not with "
                          f"{'fsdp' if t.fsdp else f'ep={t.ep}'} (sharded weights) yet")
-    if t.x0_beta1 is not None and not 0 <= t.x0_beta1 < 1:
-        raise ValueError(f"x0_beta1={t.x0_beta1} must lie in [0, 1), or none for beta1")
-    _validate_phases(t)
-    _validate_k82(t)
-    for spec in filter(None, (x.strip() for x in t.adam_groups.split(","))):
-        parts = spec.split(":")
-        try: ok = len(parts) == 4 and parts[0] in _ADAM_ROLES and all(0 <= float(x) < 1 for x in parts[1:])
-        except ValueError: ok = False
-        if not ok: raise ValueError(f"adam_groups: {spec!r} is not 'role:beta1:beta2:decay' with a role of "
-                                    f"{', '.join(_ADAM_ROLES)} and numbers in [0, 1), e.g. 'embed:0.8:0.995:0.001'")
+    if t.mtp_weights and len(t.mtp_fade) != len(t.mtp_weights) - 1:
+        raise ValueError(f"mtp_fade={t.text('mtp_fade')!r} needs {len(t.mtp_weights) - 1} rising fractions in (0, 1] "
+                         f"for mtp_weights={t.text('mtp_weights')!r}, e.g. '0.2,0.45' for three weights")
     return t
-
-def _floats(t: TrainConfig, name: str, sep: str = ",") -> list[float]:
-    "A setting's comma-separated numbers (each item split further by `sep`), or a one-line error naming it."
-    try: return [float(x) for item in str(getattr(t, name)).split(",") if item.strip() for x in item.split(sep)]
-    except ValueError: raise ValueError(f"{name}={getattr(t, name)!r} is not a list of numbers") from None
-
-def _validate_phases(t: TrainConfig):
-    "The batch warm-up and the multi-token fade: well-formed, inside the budget, in order."
-    if t.warmup_steps < 0: raise ValueError(f"warmup_steps={t.warmup_steps} must be >= 0 (0: warmup_frac)")
-    flat = _floats(t, "batch_warmup", ":")
-    until = flat[0::3]
-    if len(flat) % 3 or until != sorted(until) or not all(0 < f <= 1 for f in flat):
-        raise ValueError(f"batch_warmup={t.batch_warmup!r}: use 'until:share:lr,...' with numbers in (0, 1] and "
-                         "the fractions rising, e.g. '0.06:0.25:0.35,0.2:0.5:0.6'")
-    w, fade = _floats(t, "mtp_weights"), _floats(t, "mtp_fade")
-    if w and (len(fade) != len(w) - 1 or fade != sorted(fade) or not all(0 < f <= 1 for f in fade)):
-        raise ValueError(f"mtp_fade={t.mtp_fade!r} needs {len(w) - 1} rising fractions in (0, 1] for "
-                         f"mtp_weights={t.mtp_weights!r}, e.g. '0.2,0.45' for three weights")
-    if t.mtp_stages < 1: raise ValueError(f"mtp_stages={t.mtp_stages} must be >= 1")
-
-_ROWS, _POOL_MODES, _MOMENTUM_UNITS = ("bestfit", "streams"), ("pools", "rolling"), ("step", "full_batch")
-
-def _validate_k82(t: TrainConfig):
-    "The settings K82s4's mechanisms brought: rows, the rolling pool, Muon's details, the staircase, the EMA's extras."
-    for k, allowed in (("rows", _ROWS), ("row_pool_mode", _POOL_MODES), ("muon_momentum_unit", _MOMENTUM_UNITS)):
-        if getattr(t, k) not in allowed:
-            raise ValueError(f"{k}={getattr(t, k)!r} is unknown; use one of {', '.join(allowed)}")
-    if t.stream_mix < 1: raise ValueError(f"stream_mix={t.stream_mix} must be >= 1 (row r reads stream r mod it)")
-    if not 0 <= t.normuon_beta2 < 1: raise ValueError(f"normuon_beta2={t.normuon_beta2} must lie in [0, 1)")
-    if t.ns_safety < 0 or not t.ns_eps > 0:
-        raise ValueError(f"ns_safety={t.ns_safety}, ns_eps={t.ns_eps}: use ns_safety >= 0 (0: the coefficients' "
-                         "own) and ns_eps > 0")
-    for k in ("cooldown_levels", "ema_prewarm"):
-        if getattr(t, k) < 0: raise ValueError(f"{k}={getattr(t, k)} must be >= 0 (0: off)")
-    if not 0 <= t.ema_pure_above < 1: raise ValueError(f"ema_pure_above={t.ema_pure_above} must lie in [0, 1) (0: off)")
 
 # %% ../../nbs/02_config.ipynb #78fab666
 CONFIGS: dict[str, ModelConfig] = {
@@ -662,18 +581,19 @@ def _parse_value(key: str, raw: str, typ):
 
 # %% ../../nbs/02_config.ipynb #75fb6448
 def apply_overrides(model: ModelConfig, train: TrainConfig, sets=()) -> tuple[ModelConfig, TrainConfig]:
-    "Apply `key=value` strings to copies of `model` and `train`; model fields win on a (non-existent) clash."
+    """Apply `key=value` strings to copies of `model` and `train`: each value parsed by its type, or by its setting's
+    own parser (a text format); model fields win on a (non-existent) clash."""
     m, t = replace(model), replace(train)
     mf, tf = setting_fields(ModelConfig), setting_fields(TrainConfig)
     for s in sets or ():
         if "=" not in s: raise ValueError(f"--set {s!r}: expected key=value, e.g. --set d_model=512")
         k, v = (x.strip() for x in s.split("=", 1))
-        if k in mf: setattr(m, k, _parse_value(k, v, mf[k].type))
-        elif k in tf: setattr(t, k, _parse_value(k, v, tf[k].type))
-        else:
+        if k not in mf and k not in tf:
             raise ValueError(
                 f"--set {k}: unknown field; model fields: {', '.join(mf)}; training fields: {', '.join(tf)}"
             )
+        cfg, f = (m, mf[k]) if k in mf else (t, tf[k])
+        setattr(cfg, k, v if f.metadata["parse"] else _parse_value(k, v, f.type))   # a text format: its group parses
     return m, t
 
 # %% ../../nbs/02_config.ipynb #c30b9f63

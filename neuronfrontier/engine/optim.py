@@ -312,9 +312,8 @@ def build_optimizers(model: nn.Module, tcfg, print_table: bool = True, ns_dtype:
     lrs["mlp_out"] = lrs["block"] * tcfg.mlp_out_lr_scale   # a group of its own only when the scale is not 1
     betas = {"x0": (tcfg.x0_beta1, tcfg.beta2)} if tcfg.x0_beta1 is not None else {}
     adam_wd = {}
-    for spec in filter(None, (x.strip() for x in tcfg.adam_groups.split(","))):   # 'role:beta1:beta2:decay'
-        role, b1, b2, decay = spec.split(":")
-        betas[role], adam_wd[role] = (float(b1), float(b2)), float(decay)
+    for r in tcfg.adam_groups:   # AdamRole(role, beta1, beta2, decay): 'role:beta1:beta2:decay,...' parsed once
+        betas[r.role], adam_wd[r.role] = (r.beta1, r.beta2), r.decay
     muon_groups, adam_groups, rows = {}, {}, []
     for name, p in model.named_parameters():  # shared (tied) parameters are yielded once
         if not p.requires_grad: continue

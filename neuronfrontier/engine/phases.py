@@ -4,33 +4,21 @@
 
 # %% ../../nbs/27_phases.ipynb #d1ac3fb5
 from __future__ import annotations
-from functools import lru_cache
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
-from .config import TrainConfig, _floats
+from .config import TrainConfig
 from .optim import schedule_at
 
 # %% auto #0
 __all__ = ['batch_phase', 'mtp_weights_at', 'mtp_targets', 'phase_name', 'ema_due', 'StepPlan', 'Schedule']
 
-# %% ../../nbs/27_phases.ipynb #62eb5415
-def _numbers(t: TrainConfig, name: str, sep: str = ",") -> tuple[float, ...]:
-    "A setting's numbers (`_floats`), parsed once per value: the training step asks at every step."
-    return _parsed(name, getattr(t, name), sep)
-
-@lru_cache(maxsize=16)
-def _parsed(name: str, value: str, sep: str) -> tuple[float, ...]:
-    return tuple(_floats(SimpleNamespace(**{name: value}), name, sep))
-
-# %% ../../nbs/27_phases.ipynb #6db0c711
+# %% ../../nbs/27_phases.ipynb #737b8f8c
 def batch_phase(t: TrainConfig, frac: float, step: int | None = None) -> tuple[int, float]:
     """(micro-batches, learning-rate multiplier) of a step at budget fraction `frac`: during the first `warmup_steps`
     steps all of them at (step+1)/warmup_steps; then the first `batch_warmup` phase `frac` is still before, with its
     share of `grad_accum` (at least one micro-batch) and its rate; past every phase, all of them at 1."""
     if step is not None and step < t.warmup_steps: return t.grad_accum, (step + 1) / t.warmup_steps
-    flat = _numbers(t, "batch_warmup", ":")
-    for until, share, lr in zip(flat[0::3], flat[1::3], flat[2::3]):
-        if frac < until: return max(1, round(t.grad_accum * share)), lr
+    for stage in t.batch_warmup:
+        if frac < stage.until: return max(1, round(t.grad_accum * stage.share)), stage.lr
     return t.grad_accum, 1.0
 
 # %% ../../nbs/27_phases.ipynb #a4e1fb47
@@ -38,9 +26,9 @@ def mtp_weights_at(t: TrainConfig, frac: float) -> tuple[float, ...] | None:
     """The multi-token loss weights at budget fraction `frac` (None: `mtp_weights` unset, the next token only). Token
     j > 1 fades in `mtp_stages` steady stages over its window of `mtp_fade`, the farthest first: the last token's
     window starts at 0, each next one where the previous ended; the next token's weight never fades."""
-    w = _numbers(t, "mtp_weights")
+    w = t.mtp_weights
     if not w: return None
-    ends = _numbers(t, "mtp_fade")
+    ends = t.mtp_fade
     out, S = [w[0]], t.mtp_stages
     for j in range(1, len(w)):
         k = len(w) - 1 - j                     # window k: token len(w) fades first (k = 0)
@@ -55,13 +43,13 @@ def mtp_weights_at(t: TrainConfig, frac: float) -> tuple[float, ...] | None:
 # %% ../../nbs/27_phases.ipynb #2c423ac7
 def mtp_targets(t: TrainConfig) -> int:
     "Targets a token: one per `mtp_weights` entry, 1 (the next token) when it is unset."
-    return len(_numbers(t, "mtp_weights")) or 1
+    return len(t.mtp_weights) or 1
 
 # %% ../../nbs/27_phases.ipynb #108a180f
 def phase_name(t: TrainConfig, frac: float, step: int | None = None) -> str:
     "Where in the run a step at budget fraction `frac` is: warm-up, batch warm-up, stable, cooldown or decay."
     if (step is not None and step < t.warmup_steps) or frac < t.warmup_frac: return "warm-up"
-    if any(frac < until for until in _numbers(t, "batch_warmup", ":")[0::3]): return "batch warm-up"
+    if any(frac < stage.until for stage in t.batch_warmup): return "batch warm-up"
     if t.schedule == "cosine": return "decay"
     return "cooldown" if t.cooldown_frac > 0 and frac > 1 - t.cooldown_frac else "stable"
 

@@ -11,7 +11,7 @@ from .config import DTYPES
 
 # %% auto #0
 __all__ = ['PROBE_SHAPE', 'BF16_FAST', 'AVX2_ENV', 'TORCH_DTYPES', 'cpu_report', 'bf16_is_native', 'probe_cpu_bf16', 'Precision',
-           'bf16_native', 'choose_precision']
+           'bf16_native', 'choose_precision', 'autocast']
 
 # %% ../../nbs/05_precision.ipynb #45204b3a
 def _x86_bf16_instructions() -> bool | None:
@@ -154,3 +154,11 @@ def choose_precision(asked: str, device, probe: dict | None = None) -> Precision
     native, why, p = bf16_native(device, probe)
     dtype = asked if asked != "auto" else "bf16" if native else "fp32"
     return Precision(dtype, asked, "asked for" if asked == "fp32" else why, native, "bf16" if native else "fp32", p)
+
+# %% ../../nbs/05_precision.ipynb #660c6dcd
+def autocast(device: torch.device, dtype: str):
+    """`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context; `'auto'`: what
+    `choose_precision` picks on `device` (a run resolves it once in `setup`)."""
+    if dtype == "auto": dtype = choose_precision(dtype, device).dtype
+    if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

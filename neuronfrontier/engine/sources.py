@@ -5,7 +5,8 @@
 # %% ../../nbs/03_sources.ipynb #d8848d8b
 from __future__ import annotations
 from .config import (ModelConfig, TrainConfig, CONFIGS, TRAIN_DEFAULTS, RECIPES,
-                                   RECIPE_SHAPES, recipe_names, resolve, setting_fields)
+                                   RECIPE_SHAPES, recipe_names, resolve)
+from .settings import setting_fields
 
 # %% auto #0
 __all__ = ['KIT_SOURCE', 'FF', 'FIELD_SOURCES', 'PRESET_SOURCES', 'MODEL_PRESET_SOURCES', 'RECIPE_SOURCES', 'setting_sources']
@@ -20,7 +21,7 @@ FIELD_SOURCES: dict[str, str] = {
     "grad_accum": "runtime: micro-batches per step (from global_batch_tokens when it is set)",
     "global_batch_tokens": "runtime: 0 = batch_size x grad_accum rows on each rank",
     "optim": "measured here: Muon ties AdamW on cpu-tiny and wins in the kit lineage (60_recipe, ablation table)",
-    "lr": "unused with optim=muon (AdamW's rate for block matrices; nanoGPT's 3e-3)",
+    "lr": "nanoGPT's AdamW rate 3e-3, not tuned here (under Muon only the MoE router uses it)",
     "embed_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
     "head_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
     "scalar_lr": "choice: a placeholder, not tuned (presets and recipes set their own)",
@@ -235,7 +236,7 @@ def setting_sources(config: str, recipe: str | None = None, sets=(),
         elif getattr(preset, k) != getattr(base, k) or k in PRESET_SOURCES.get(config, {}):
             src = PRESET_SOURCES.get(config, {}).get(k, f"preset {config} (no source recorded)")
         else: src = FIELD_SOURCES[k]
-        rows.append((k, getattr(t, k), src))
+        rows.append((k, t.text(k), src))
     return rows
 
 def _model_sources(config: str, m: ModelConfig, named: set, by_recipe: dict) -> list[tuple[str, object, str]]:
@@ -247,5 +248,5 @@ def _model_sources(config: str, m: ModelConfig, named: set, by_recipe: dict) -> 
         elif k in MODEL_PRESET_SOURCES.get(config, {}): src = MODEL_PRESET_SOURCES[config][k]
         elif getattr(preset, k) != getattr(base, k): src = f"preset {config}"
         else: src = "the package's default (02_config)"
-        rows.append((k, getattr(m, k), src))
+        rows.append((k, m.text(k), src))
     return rows

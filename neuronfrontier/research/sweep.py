@@ -6,7 +6,8 @@
 from __future__ import annotations
 import csv, difflib, itertools, json, math, os, random, re, shutil, signal, statistics, subprocess, sys, time
 from pathlib import Path
-from ..engine.config import ModelConfig, TrainConfig, resolve, setting_fields
+from ..engine.config import ModelConfig, TrainConfig, resolve
+from ..engine.settings import setting_fields
 
 # %% auto #0
 __all__ = ['FINAL', 'parse_grid', 'grid_settings', 'split_setting', 'check_settings', 'setting_dir', 'scored', 'run_result',

@@ -4,13 +4,14 @@
 
 # %% ../../nbs/37_trainer.ipynb #ecca3157
 from __future__ import annotations
-import contextlib, json, math, os, signal, sys, time
+import json, math, os, signal, sys, time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from ..engine.config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line, grouped
+from ..engine.config import ModelConfig, TrainConfig, resolve, rank_batch, config_dict, first_line
+from ..engine.settings import grouped
 from ..data.shards import (find_shards, load_tokenizer, read_manifest, tokenizer_sha256, PackedLoader,
                                  val_batches, unigram_bpb)
 from ..engine.model import GPT
@@ -25,13 +26,13 @@ from .spikes import guard_warm_up
 from ..data.evaluate import evaluate_sums, bpb, EvalProgress
 from .checkpoint import RunState, load_resume, save_model, save_resume
 from ..engine.averaging import WeightEma, ema_for, blend_for_save
-from ..engine.precision import Precision, choose_precision, TORCH_DTYPES
+from ..engine.precision import Precision, choose_precision, TORCH_DTYPES, autocast
 from .. import ops, hw
 
 # %% auto #0
-__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'autocast', 'train_step', 'RunClock',
-           'KitHooks', 'RunSpec', 'RunPlace', 'RunData', 'RunProgress', 'Run', 'setup', 'warm_up', 'save_checkpoints',
-           'loop', 'finish', 'run_preflight', 'train']
+__all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'train_step', 'RunClock', 'KitHooks',
+           'RunSpec', 'RunPlace', 'RunData', 'RunProgress', 'Run', 'setup', 'warm_up', 'save_checkpoints', 'loop',
+           'finish', 'run_preflight', 'train']
 
 # %% ../../nbs/37_trainer.ipynb #112a71b3
 def reuse_freed_memory() -> bool:
@@ -46,14 +47,6 @@ def reuse_freed_memory() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
     return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1) and mallopt(M_MMAP_THRESHOLD, 32 * 2**20))
-
-# %% ../../nbs/37_trainer.ipynb #529e7a24
-def autocast(device: torch.device, dtype: str):
-    """`torch.autocast(device, bf16)` for `dtype='bf16'` (cpu, cuda, neuron), else a no-op context; `'auto'`: what
-    `choose_precision` picks on `device` (a run resolves it once in `setup`)."""
-    if dtype == "auto": dtype = choose_precision(dtype, device).dtype
-    if dtype == "bf16": return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 # %% ../../nbs/37_trainer.ipynb #b61b795d
 def train_step(model, opts, batches, tcfg: TrainConfig, frac: float, device, loss_fn=None,

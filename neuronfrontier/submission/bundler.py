@@ -20,9 +20,10 @@ class ExportError(ValueError):
 PKG = "neuronfrontier"
 # the modules a submission may take code from (dotted below the package), in notebook order; kernels (which need the
 # simulator), cli, research.sweep, ... are not
-BUNDLED = ("data.shards", "engine.config", "chip.neuron", "engine.precision", "ops", "engine.loss", "engine.moe",
-           "engine.model", "hw", "engine.optim", "engine.phases", "run.resilience", "run.clock", "run.distributed",
-           "data.evaluate", "engine.averaging", "data.batches", "run.checkpoint", "run.spikes", "run.trainer",
+BUNDLED = ("data.shards", "engine.settings", "engine.config", "chip.neuron", "engine.precision", "ops",
+           "engine.loss", "engine.moe", "engine.model", "hw", "engine.optim", "engine.phases", "run.resilience",
+           "run.clock", "run.distributed", "data.evaluate", "engine.averaging", "data.batches", "run.checkpoint",
+           "run.spikes", "run.trainer",
            "run.flags", "submission.entry")
 # what train.py runs, what the scorer calls, and what the rehearsal drives besides (a kernel that fails must raise)
 ROOTS = (("submission.entry", "run_submission"), ("run.checkpoint", "load_for_eval"), ("ops", "OpSet"))

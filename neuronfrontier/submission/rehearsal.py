@@ -54,7 +54,7 @@ def package_namespace():
     from neuronfrontier.data import evaluate
     from neuronfrontier import ops
     return types.SimpleNamespace(GPT=model.GPT, build_optimizers=optim.build_optimizers,
-                                 train_step=trainer.train_step, autocast=trainer.autocast,
+                                 train_step=trainer.train_step, autocast=precision.autocast,
                                  evaluate_sums=evaluate.evaluate_sums, resolve=config.resolve,
                                  parse_backend=ops.parse_backend, OpSet=ops.OpSet, OPS=ops.OPS,
                                  implementations=ops.implementations, register=ops.register,
@@ -294,7 +294,7 @@ def _plan_here(train, standin, nproc: int, limit: int, log) -> dict:
     rows = tcfg.batch_size * tcfg.grad_accum
     tried = []
     # a batch warm-up takes a share of the step's micro-batches: each share must be a whole number of them
-    shares = [float(p.split(":")[1]) for p in str(tcfg.batch_warmup).split(",") if p.strip()]
+    shares = [stage.share for stage in tcfg.batch_warmup]
     whole = lambda b: all(abs(rows // b * s - round(rows // b * s)) < 1e-9 for s in shares)
     for b in [b for b in range(rows, 0, -1) if rows % b == 0 and whole(b)]:
         sets = [*train.SETS, f"batch_size={b}", f"grad_accum={rows // b}"]

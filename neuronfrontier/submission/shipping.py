@@ -255,7 +255,7 @@ def _readme(config, recipe, sets, mcfg, tcfg, launch, prov, data_dir, tokenizer_
     from neuronfrontier.engine.config import config_dict, recipe_names
     from neuronfrontier.engine.sources import setting_sources
 
-    ops_line = _ops_line(mode, kmods, tcfg.kernels, tuned)
+    ops_line = _ops_line(mode, kmods, tcfg.text("kernels"), tuned)
     recipes = " + ".join(recipe_names(config, recipe))
     fitted = {"batch_size", "grad_accum"} if fit_note else set()   # set by the memory plan, not by the user
     planned = "the export's memory plan (below)"
