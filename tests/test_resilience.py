@@ -271,3 +271,26 @@ def test_faults_stay_outside_the_trainer():
         none = R.install_faults(R.parse_faults(None))
     assert none.step(T.train_step) is T.train_step and none.save(len) is len and not none.faults
     assert none.ops(ops.AUTO) is ops.AUTO   # the op-set wrapper too
+
+
+def test_the_rollbacks_and_the_lowered_rate_are_the_runs_checkpointed_state():
+    "RunState holds them: resume.pt saves them with the step, a resumed run starts from them."
+    from neuronfrontier.run.checkpoint import RunState
+    rb = {"step": 12, "to_step": 10, "why": "non-finite loss", "lr_scale": 0.5}
+    back = RunState.resumed(RunState(step=12, lr_scale=0.5, rollbacks=[rb]).saved())
+    assert (back.step, back.lr_scale, back.rollbacks) == (12, 0.5, [rb])
+
+
+@pytest.mark.slow   # two short runs with their evaluations
+def test_a_resumed_run_goes_on_at_the_rate_its_rollback_lowered(pydocs, tmp_path, faults):
+    faults("nan@4")
+    out, sets = tmp_path / "r", FAST + ["snapshot_every=2", "log_every=1", "batch_size=1"]
+    first = T.train("cpu-micro", pydocs, out, steps=6, sets=sets, verbose=False)
+    scale = first["rollbacks"][-1]["lr_scale"]   # the fault fires again when the step replays: 0.5, then 0.25
+    assert scale < 1
+    res = T.train("cpu-micro", pydocs, out, steps=8, sets=sets, resume=True, verbose=False)
+    assert res["steps"] == 8 and res["rollbacks"] == first["rollbacks"]
+    recs = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines() if '"lr_mult"' in l]
+    after = next(r for r in recs if r["step"] > 6)   # the resumed run's first logged step
+    schedule = T.lr_multiplier(after["frac"], resolve("cpu-micro", None, sets)[1])
+    assert schedule > 0 and after["lr_mult"] == pytest.approx(scale * schedule), after

@@ -6,7 +6,7 @@
 # %% ../../nbs/35_checkpoint.ipynb #83e1c59f
 from __future__ import annotations
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 import torch
 from ..engine.config import ModelConfig, TrainConfig
@@ -83,6 +83,8 @@ class RunState:
     loader_batches: int = 0              # micro-batches the steps consumed: a resumed loader skips them
     spike_guard: list | None = None      # the warm-up's coin flip (36_spikes)
     ema: dict | None = None              # the weight average's state (33_averaging), saved with the rest
+    lr_scale: float = 1.0                # what rollbacks have lowered the learning rate to
+    rollbacks: list = field(default_factory=list)   # one record per rollback: step, back to, why, lr_scale
 
     def saved(self) -> dict:
         "The fields as resume.pt keeps them (a shallow dict: the average's tensors are not copied)."

@@ -232,8 +232,6 @@ class RunProgress:
     kernels: dict = field(default_factory=dict)                  # the preflight's decisions, per op
     compile_info: dict | None = None                             # compile=true: used, seconds, reason
     snapshot: HostSnapshot = field(default_factory=HostSnapshot)  # the last finite state, on the host
-    rollbacks: list = field(default_factory=list)                # one dict per rollback
-    lr_scale: float = 1.0                                        # what rollbacks have lowered the learning rate to
     reserve_ns: int = 0                                          # training time kept free for the final save
     save_s: float | None = None                                  # the last write of final.pt, in seconds
     nonfinite: torch.Tensor | None = None                        # on the device: a non-finite loss since the last read
@@ -423,15 +421,15 @@ def _problem(run: Run, loss: float, bad: bool, best: float, strikes: int, after_
 def _roll_back(run: Run, problem: str) -> bool:
     "Put back the last finite state, lower the learning rate; False when no rollback is left (or there is no state)."
     tcfg = run.tcfg
-    if len(run.rollbacks) >= tcfg.max_rollbacks: return False
+    if len(run.state.rollbacks) >= tcfg.max_rollbacks: return False
     run.snapshot.restore(run.model, run.opts)
     if run.ema is not None: run.ema.reset(run.model)   # the average starts again from the restored weights
-    run.lr_scale *= tcfg.rollback_lr_factor
+    run.state.lr_scale *= tcfg.rollback_lr_factor
     run.nonfinite.zero_()
-    run.rollbacks.append({"step": run.state.step, "to_step": run.snapshot.step, "why": problem,
-                          "lr_scale": run.lr_scale})
-    run.say(f"rollback {len(run.rollbacks)}/{tcfg.max_rollbacks}: {problem}; back to the state of step "
-            f"{run.snapshot.step}, learning rate × {run.lr_scale:g}")
+    run.state.rollbacks.append({"step": run.state.step, "to_step": run.snapshot.step, "why": problem,
+                          "lr_scale": run.state.lr_scale})
+    run.say(f"rollback {len(run.state.rollbacks)}/{tcfg.max_rollbacks}: {problem}; back to the state of step "
+            f"{run.snapshot.step}, learning rate × {run.state.lr_scale:g}")
     return True
 
 # %% ../../nbs/37_trainer.ipynb #2a738831
@@ -450,7 +448,8 @@ class _Guard:
             if _roll_back(run, problem):
                 self.strikes = 0
                 return "rolled back", problem
-            return "diverged", problem + (f" ({len(run.rollbacks)} rollbacks before)" if run.rollbacks else "")
+            before = len(run.state.rollbacks)
+            return "diverged", problem + (f" ({before} rollbacks before)" if before else "")
         self.best = min(self.best, loss)
         if tcfg.snapshot_every and run.state.step - run.snapshot.step >= tcfg.snapshot_every:   # a finite loss
             if not agree_max([not _all_finite(run.model)], run.world, run.ctrl)[0]:   # and finite weights: copy
@@ -550,7 +549,7 @@ def loop(
                 frac = clock.fraction(watchdog.budget_ns, run.reserve_ns, min(state.last_step_ns, left_ns) // 2)
             # the step
             started_ns = clock.now_ns()
-            plan = schedule.plan(state.step, frac, run.lr_scale, state.tokens / run.tokens_per_step)   # 27_phases
+            plan = schedule.plan(state.step, frac, run.state.lr_scale, state.tokens / run.tokens_per_step)   # 27_phases
             loss_t = step_fn(run.model, run.opts, run.batches, tcfg, frac, dev, run.loss_fn, run.parallel,
                              step=state.step, plan=plan)
             run.nonfinite |= ~torch.isfinite(loss_t)
@@ -607,8 +606,8 @@ def _last_finite(run: Run, status: str):
                                                 run.ctrl)[0]
     if unfinite or status == "diverged":
         if unfinite and status not in ("diverged", "crashed"):
-            run.rollbacks.append({"step": state.step, "to_step": run.snapshot.step, "lr_scale": run.lr_scale,
-                                  "why": f"non-finite loss or weights by step {state.step}, at the end"})
+            state.rollbacks.append({"step": state.step, "to_step": run.snapshot.step, "lr_scale": state.lr_scale,
+                                    "why": f"non-finite loss or weights by step {state.step}, at the end"})
         run.snapshot.restore(run.model, run.opts)
         run.say(f"finishing with the last finite state, of step {run.snapshot.step}")
 
@@ -623,7 +622,7 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
     res = {
         # what was trained, and how it ended
         "status": status, "steps": state.step, "tokens": state.tokens, "final_train_loss": last_loss,
-        "diverged_because": why or None, "rollbacks": run.rollbacks, "spike_guard": run.state.spike_guard,
+        "diverged_because": why or None, "rollbacks": run.state.rollbacks, "spike_guard": run.state.spike_guard,
         "snapshots": run.snapshot.report(),
         # the clock (competition: startup_s runs to step 5's end)
         "train_s": clock.charged_ns / 1e9, "warmup_s": clock.startup_ns / 1e9, "overrun_s": overrun_ns / 1e9,
