@@ -249,7 +249,7 @@ def k82_groups(mod, k82_model, optimizer, our_cfg) -> dict:
     """{our parameter name: K82s4's param group of its (first) K82s4 parameter}."""
     where = {id(p): g for g in optimizer.param_groups for p in g["params"]}
     by_name = dict(k82_model.named_parameters())
-    ve = [int(i) for i in our_cfg.ve_layers.split(",")]
+    ve = list(our_cfg.ve_layers)
     out = {}
     for ours, theirs in K._k82_names(our_cfg.n_layers, ve).items():
         first = theirs[0] if isinstance(theirs, list) else theirs

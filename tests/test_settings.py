@@ -88,3 +88,31 @@ def test_each_check_fails_resolve_with_the_settings_name(name):
     assert raw is not None, f"{name}: no candidate value is refused"
     with pytest.raises(ValueError, match=rf"^{name}="):
         resolve("cpu-micro", None, [f"{name}={raw}"])
+
+
+def test_a_typed_value_set_directly_is_checked_as_its_text_would_be():
+    "A value set as a tuple (not text) passes the same rules at config time, so the file it writes reads back."
+    from neuronfrontier.engine.config import validate_train
+    from neuronfrontier.engine.settings import WarmupStage, AttnSource
+    with pytest.raises(ValueError, match=r"^batch_warmup='0.5:2:0.1' "):
+        validate_train(TrainConfig(batch_warmup=(WarmupStage(0.5, 2.0, 0.1),)))
+    with pytest.raises(ValueError, match=r"^attn_source='3:1' "):
+        ModelConfig(n_layers=4, attn_source=AttnSource(3, (1,))).validate()
+
+
+def test_a_resume_file_whose_settings_no_longer_read_is_a_different_model(tmp_path):
+    import torch
+    from neuronfrontier.run.checkpoint import load_resume
+    path = tmp_path / "resume.pt"
+    torch.save({"model": {}, "model_config": {**ModelConfig().flat(), "moe_layers": "x"}, "optimizers": [],
+                "state": {}, "rng": {}}, path)
+    with pytest.raises(ValueError, match="was trained with a different model config"): load_resume(path, ModelConfig())
+
+
+def test_every_presets_flagless_export_fits_the_portal():
+    "The bundle empties the settings' descriptions (and docstrings) rather than reach the portal's file limit."
+    from neuronfrontier.submission.bundler import bundle, PORTAL_FILE_BYTES
+    for preset in ("trn2-124m", "cpu-tiny"):
+        src = bundle(preset)
+        assert len(src.encode()) < PORTAL_FILE_BYTES, (preset, len(src.encode()))
+        compile(src, "train.py", "exec")

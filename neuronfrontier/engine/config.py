@@ -385,7 +385,7 @@ class Backends(NamedTuple):
 
 def _backends(text: str) -> Backends:
     "'nki-sim' (every op) or 'attention=nki-sim,rms_norm=torch' (those ops, the rest auto) -> `Backends`."
-    text = text or "auto"
+    text = (text or "auto").strip()
     if "=" not in text:
         if text not in BACKENDS: raise ValueError(f"names an unknown backend; use one of {', '.join(BACKENDS)}")
         return Backends(*[text] * len(Backends._fields))

@@ -94,8 +94,11 @@ class Settings:
     def check(self):
         "Raise `ValueError` naming the first setting whose own check refuses its value; else return the group."
         for f in fields(self):
-            v = getattr(self, f.name)
-            wrong = f.metadata["check"](v) if f.metadata.get("check") else None
+            v, parse, check = getattr(self, f.name), f.metadata.get("parse"), f.metadata.get("check")
+            if parse and f.metadata.get("text"):   # a typed value set directly: what its text would be parsed to
+                try: parse(f.metadata["text"](v))
+                except ValueError as e: raise ValueError(f"{f.name}={self.text(f.name)!r} {e}") from None
+            wrong = check(v) if check else None
             if wrong: raise ValueError(f"{f.name}={_shown(self.text(f.name))} {wrong}")
         return self
 

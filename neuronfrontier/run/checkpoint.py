@@ -50,7 +50,7 @@ def load_resume(path, mcfg: ModelConfig) -> dict:
     missing = {"model", "model_config", "optimizers", "state", "rng"} - set(ck)
     if missing: raise ValueError(f"--resume: {path} is not a resume checkpoint (missing {', '.join(sorted(missing))})")
     try: same = ModelConfig(**ck["model_config"]) == mcfg   # a setting added since it was written: its default
-    except TypeError: same = False                           # a setting that no longer exists
+    except (TypeError, ValueError): same = False             # a setting that no longer exists, or reads otherwise
     if not same: raise ValueError(f"--resume: {path} was trained with a different model config")
     return ck
 

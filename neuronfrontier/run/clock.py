@@ -5,14 +5,15 @@
 # %% ../../nbs/30_clock.ipynb #efa11ac3
 from __future__ import annotations
 import os, time
+from dataclasses import dataclass
 from pathlib import Path
 import torch
 from .. import hw
 from ..chip.neuron import neuron_available
 
 # %% auto #0
-__all__ = ['BUDGET_MODES', 'STARTUP_CAP_S', 'STARTUP_STEPS_EXCLUDED', 'pick_device', 'hw_name', 'synchronize', 'Watchdog',
-           'process_start_ns', 'Clock']
+__all__ = ['BUDGET_MODES', 'STARTUP_CAP_S', 'STARTUP_STEPS_EXCLUDED', 'pick_device', 'hw_name', 'synchronize', 'Throughput',
+           'Watchdog', 'process_start_ns', 'Clock']
 
 # %% ../../nbs/30_clock.ipynb #01195f26
 def pick_device(name: str | None = None) -> torch.device:
@@ -42,6 +43,18 @@ def synchronize(device: torch.device):
     CPU."""
     if device.type == "cuda": torch.cuda.synchronize(device)
     elif device.type == "neuron": torch.neuron.synchronize()
+
+# %% ../../nbs/30_clock.ipynb #d12c3d65
+@dataclass(frozen=True)
+class Throughput:
+    "What a run's tokens per second are measured against: FLOPs per token, the `hw` entry, the devices in the job."
+    flops_per_token: float
+    hw_name: str
+    devices: int = 1
+
+    def mfu(self, tok_s: float) -> float | None:
+        "Model FLOPs utilisation of `tok_s` tokens/s over all the devices (None where the peak is unknown: a CPU)."
+        return hw.mfu(tok_s, self.flops_per_token, self.hw_name, n_devices=self.devices)
 
 # %% ../../nbs/30_clock.ipynb #f1995a78
 class Watchdog:

@@ -18,7 +18,8 @@ from ..engine.model import GPT
 from ..engine.optim import build_optimizers, lr_multiplier, set_groups, local_shard
 from .resilience import (parse_faults, install_faults, Wrappers, preflight, preflight_line,
                                        HostSnapshot, time_limit, save_reserve_s)
-from .clock import hw_name, synchronize, Watchdog, Clock, STARTUP_CAP_S, STARTUP_STEPS_EXCLUDED
+from .clock import (hw_name, synchronize, Watchdog, Clock, Throughput, STARTUP_CAP_S,
+                                      STARTUP_STEPS_EXCLUDED)
 from .distributed import init_distributed, agree_max, DataParallel, parallelize, leave_groups
 from ..data.batches import Prefetcher, _training_rows
 from ..engine.phases import Schedule, StepPlan, mtp_weights_at
@@ -27,7 +28,7 @@ from ..data.evaluate import evaluate_sums, bpb, EvalProgress
 from .checkpoint import RunState, load_resume, save_model, save_resume
 from ..engine.averaging import WeightEma, ema_for, blend_for_save
 from ..engine.precision import Precision, choose_precision, TORCH_DTYPES, autocast
-from .. import ops, hw
+from .. import ops
 
 # %% auto #0
 __all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'train_step', 'RunClock', 'KitHooks',
@@ -254,8 +255,7 @@ class Run:
     loss_fn: Callable             # `model.loss`, or its compiled version
     state: RunState               # where the run stands: step, charged time, tokens (resume.pt keeps it)
     tokens_per_step: int          # over all ranks
-    fpt: float                    # model FLOPs per token, for the MFU
-    hwn: str                      # the `hw` entry the MFU is measured against
+    throughput: Throughput        # what its tokens/s are measured against: FLOPs per token, hardware, devices
     around: Wrappers              # wrapped around the step and the save from outside (NF_FAULT; else the identity)
     place: RunPlace               # device, rank, world
     data: RunData                 # shards, tokenizer, batches
@@ -335,7 +335,7 @@ def setup(spec: RunSpec) -> Run:
         state=state, ema=ema,
         loss_fn=_compiled(model.loss, dev) if tcfg.compile else model.loss,
         tokens_per_step=tcfg.batch_size * tcfg.grad_accum * mcfg.seq_len * world,  # over all ranks
-        fpt=mcfg.flops_per_token(), hwn=hw_name(dev), around=around, precision=precision,
+        throughput=Throughput(mcfg.flops_per_token(), hw_name(dev), world), around=around, precision=precision,
     )
 
 # %% ../../nbs/37_trainer.ipynb #d8805852
@@ -473,7 +473,7 @@ class _Metrics:
         tok_s = (state.tokens - self.tok0) / max((self._steps_ns() - self.t0) / 1e9, 1e-9)
         rec = {"step": state.step, "time_s": round(self.clock.charged_ns / 1e9, 4), "loss": loss, **plan.record(),
                "tokens": state.tokens,
-               "tok_s": round(tok_s, 1), "mfu": hw.mfu(tok_s, run.fpt, run.hwn, n_devices=run.world),
+               "tok_s": round(tok_s, 1), "mfu": run.throughput.mfu(tok_s),
                "world_size": run.world, **run.model.moe_stats()}
         if self.file:
             self.file.write(json.dumps(rec) + "\n")
@@ -643,14 +643,15 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
         "loader_utilisation": round(run.loader.utilisation, 4) if hasattr(run.loader, "utilisation") else None,
         "data": str(run.spec.data_dir) if run.spec.rows is None else "given rows (the kit's make_dataloader)",
-        "device": str(run.dev), "dtype": run.precision.dtype, "precision": run.precision.as_dict(), "hw": run.hwn,
+        "device": str(run.dev), "dtype": run.precision.dtype, "precision": run.precision.as_dict(),
+        "hw": run.throughput.hw_name,
         "seed": run.spec.seed, "world_size": world, "global_batch": tcfg.batch_size * tcfg.grad_accum * world,
         # the configuration and the tokenizer
         "config_name": run.spec.config, "recipe": run.spec.recipe, "config": config_dict(run.mcfg, tcfg),
         "tokenizer_source": man["source"] if man else None,
         "tokenizer_sha256": tokenizer_sha256(run.tok_dir) if run.spec.tokenizer is None else None,
     }
-    res["mfu"] = hw.mfu(res["tok_s"], run.fpt, run.hwn, n_devices=world)  # against the peak of all the cores in use
+    res["mfu"] = run.throughput.mfu(res["tok_s"])   # against the peak of all the cores in use
     res["val_bpb"], res["unigram_bpb"], res["eval_s"] = None, None, 0.0
     return res
 

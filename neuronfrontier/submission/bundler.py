@@ -11,7 +11,7 @@ from .entry import KIT_DATA_DIR, KIT_TOKENIZER_DIR, ALLOWED_PACKAGES, NEURON_PAC
 
 # %% auto #0
 __all__ = ['PKG', 'BUNDLED', 'ROOTS', 'PORTAL_FILE_BYTES', 'ExportError', 'scan_imports', 'unresolved_names', 'provenance',
-           'strip_docstrings', 'bundle', 'lint_bundled', 'bundle_names']
+           'strip_docstrings', 'strip_setting_docs', 'bundle', 'lint_bundled', 'bundle_names']
 
 # %% ../../nbs/95_bundler.ipynb #74222596
 class ExportError(ValueError):
@@ -618,7 +618,18 @@ def strip_docstrings(src: str) -> str:
             drop |= set(range(d.lineno - 1, d.end_lineno))   # its own lines only
     return "".join(line for i, line in enumerate(lines) if i not in drop)
 
-# %% ../../nbs/95_bundler.ipynb #407a39e6
+# %% ../../nbs/95_bundler.ipynb #e4c44501
+def strip_setting_docs(src: str) -> str:
+    "`src` with the description of every `setting(default, doc, ...)` call emptied (its value, check and parser kept)."
+    spans = [(d.lineno, d.col_offset, d.end_lineno, d.end_col_offset) for n in ast.walk(ast.parse(src))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "setting" and len(n.args) > 1
+             and isinstance(d := n.args[1], ast.Constant) and isinstance(d.value, str)]
+    lines = [line.encode() for line in src.splitlines(keepends=True)]   # ast's columns count UTF-8 bytes
+    for l0, c0, l1, c1 in sorted(spans, reverse=True):   # from the end: the spans before stay where they are
+        lines[l0 - 1:l1] = [lines[l0 - 1][:c0] + b'""' + lines[l1 - 1][c1:]]
+    return b"".join(lines).decode()
+
+# %% ../../nbs/95_bundler.ipynb #b7c03ec4
 def bundle(
     config: str,
     recipe: str | None = None,
@@ -630,8 +641,8 @@ def bundle(
 ) -> str:
     """The source of a self-contained train.py: the package's own definitions that `submission_main` and
     `load_for_eval` need,
-    module by module in notebook order, comments kept (docstrings too, unless the file would reach
-    `PORTAL_FILE_BYTES`), with `config`/`recipe`/`sets` and the data paths baked in;
+    module by module in notebook order, comments kept (docstrings and the settings' descriptions too, unless the file
+    would reach `PORTAL_FILE_BYTES`), with `config`/`recipe`/`sets` and the data paths baked in;
     `kernel_package`: the NKI kernel package shipped beside it, imported when an op needs a kernel (None: torch ops
     only)."""
     overrides = _overrides(config, recipe, sets, data_dir, tokenizer_dir, kernel_package)
@@ -654,6 +665,7 @@ def bundle(
     parts.append(f'\n{_RULE}\n{_STANDIN_OFF}\n\nif __name__ == "__main__":\n    {final[ROOTS[0]]}()')
     src = "\n\n".join(p for p in parts if p is not None) + "\n"
     if len(src.encode()) >= PORTAL_FILE_BYTES: src = strip_docstrings(src)   # comments kept
+    if len(src.encode()) >= PORTAL_FILE_BYTES: src = strip_setting_docs(src)
     _verify(src)
     return src
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import ast, importlib.util, json, subprocess
 from pathlib import Path
-from ..engine.config import first_line, rendezvous_flags
+from ..engine.config import first_line, rendezvous_flags, Backends, _backends_text
 from .entry import KIT_DATA_DIR, KIT_TOKENIZER_DIR, COMPETITION_BUDGET_S, ALLOWED_NPROC, ALLOWED_LNC
 from .bundler import PKG, ExportError, bundle, bundle_names, provenance
 
@@ -80,7 +80,7 @@ def ops_used(mcfg) -> set[str]:
     return seen
 
 # %% ../../nbs/96_shipping.ipynb #fe741c39
-def kernel_modules(kernels: str, used=None) -> list[str]:
+def kernel_modules(kernels: str | Backends, used=None) -> list[str]:
     """The kernel modules (names under neuronfrontier.kernels) a submission with `--set kernels=...` ships: those
     registering an
     `nki` backend for an op set to `auto` or `nki` (and, given `used`, one the model calls), and the kernel modules they
@@ -89,8 +89,9 @@ def kernel_modules(kernels: str, used=None) -> list[str]:
     spec = parse_backend(kernels)
     if sim := sorted(op for op, b in spec.items() if b == "nki-sim"):
         raise ValueError(
-            f"kernels={kernels}: nki-sim ({', '.join(sim)}) runs the kernels in this package's CPU simulator, "
-            f"which a submission does not ship; use nki or auto (NKI on trn2, PyTorch elsewhere) or torch"
+            f"kernels={_backends_text(Backends(**spec))}: nki-sim ({', '.join(sim)}) runs the kernels in this "
+            "package's CPU simulator, which a submission does not ship; use nki or auto (NKI on trn2, PyTorch "
+            "elsewhere) or torch"
         )
     info = {}
     for full in KERNEL_MODULES:
