@@ -127,6 +127,18 @@ class OpSet:
         "What runs for each op on `device` (a missing kernel warns when its op is called, not here)."
         return {op: self.backend_for(op, device, warn=False) for op in OPS}
 
+    def spec(self, device: torch.device | str = "cpu", sep: str = ", ") -> str:
+        "What runs for each op on `device`, as 'op=backend' text."
+        return backend_spec(self.table(device), sep)
+
+    def fallbacks(self) -> dict[str, str]:
+        "Why an op runs PyTorch instead of its kernel: a kernel module that failed to import, a kernel given up."
+        return {**_state["load_failures"], **self.fell_back}   # the registry's record (`load_failures`), then its own
+
+    def load_kernels(self):
+        "Import the kernel modules now: before `torch.compile` traces a step (an import inside the graph breaks it)."
+        load_kernels()
+
     def __repr__(self) -> str: return f"OpSet({backend_spec(self.asked)!r})"
 
 # %% ../nbs/06_ops.ipynb #5c131e6e

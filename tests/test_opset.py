@@ -62,3 +62,13 @@ def test_isolated_undoes_what_a_block_did_to_auto():
         ops.AUTO.asked = {**ops.AUTO.asked, "rms_norm": "torch"}
         ops.AUTO.fell_back["rms_norm"] = "RuntimeError: a test's failing kernel"
     assert ops.AUTO.asked == ops.parse_backend("auto") and ops.AUTO.fell_back == {}
+
+
+def test_a_model_takes_an_op_set_by_its_spec_and_says_what_runs():
+    "`using('torch')` runs the model on PyTorch's ops for a block; `spec` and `fallbacks` say what runs and why not."
+    m = GPT(resolve("cpu-micro")[0], kernels="attention=nki-sim")
+    with m.using("torch"):
+        assert set(m.opset.asked.values()) == {"torch"} and m.blocks[0].attn.opset is m.opset
+    assert m.opset.asked["attention"] == "nki-sim" and m.opset.spec("cpu").startswith("rms_norm=torch, ")
+    m.opset.fell_back["attention"] = "it raised"
+    assert m.opset.fallbacks()["attention"] == "it raised"

@@ -127,7 +127,7 @@ def test_the_loss_traces_to_one_graph_and_no_recompilation():
     torch.manual_seed(0)
     m = GPT(CONFIGS["cpu-micro"])
     x = torch.randint(0, 8192, (2, CONFIGS["cpu-micro"].seq_len))
-    ops.load_kernels()   # as train._compiled does before compiling
+    ops.load_kernels()   # as setup does before compiling (OpSet.load_kernels)
     f = torch.compile(m.loss, backend="eager", dynamic=False)
     for _ in range(3): f(x, x).backward()
     assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -227,15 +227,17 @@ class GPT(nn.Module):
         if key not in self._rope: self._rope = {key: rope_tables(T, self.cfg.d_head, self.cfg.rope_base, device)}
         return self._rope[key]
 
-    def use_ops(self, opset: ops.OpSet) -> ops.OpSet | None:
-        "Run this model's ops on `opset`: every layer that calls an op holds it. Returns the op set it replaces."
+    def use_ops(self, opset: ops.OpSet | str) -> ops.OpSet | None:
+        """Run this model's ops on `opset` (a spec such as 'torch': a new `ops.OpSet` of it): every layer that calls an
+        op holds it. Returns the op set it replaces."""
+        opset = ops.OpSet(opset) if isinstance(opset, str) else opset
         prev = getattr(self, "opset", None)
         for m in self.modules():
             if m is self or "opset" in vars(m): m.opset = opset
         return prev
 
     @contextlib.contextmanager
-    def using(self, opset: ops.OpSet):
+    def using(self, opset: ops.OpSet | str):
         "Context manager: this model's ops run on `opset` inside the block, on its own op set again after."
         prev = self.use_ops(opset)
         try: yield self

@@ -28,7 +28,6 @@ from ..data.evaluate import evaluate_sums, bpb, EvalProgress
 from .checkpoint import RunState, load_resume, save_model, save_resume
 from ..engine.averaging import WeightEma, ema_for, blend_for_save
 from ..engine.precision import Precision, choose_precision, TORCH_DTYPES, autocast
-from .. import ops
 
 # %% auto #0
 __all__ = ['UNIFORM_STRIKES', 'SYNC_AHEAD', 'COMPILE_MARGIN_S', 'reuse_freed_memory', 'train_step', 'RunClock', 'KitHooks',
@@ -135,7 +134,6 @@ def _compiled(fn, dev: torch.device):
     """`torch.compile` for fixed shapes; on Neuron with its backend and one graph (`fullgraph`: a graph break is an
     error, not a slow path)."""
     if dev.type == "cpu": _inductor_cache_per_capability()
-    ops.load_kernels()   # imported here, not inside the traced step: an import in the graph breaks it
     return torch.compile(
         fn, dynamic=False, **({"backend": "neuron", "fullgraph": True} if dev.type == "neuron" else {})
     )
@@ -308,7 +306,9 @@ def setup(spec: RunSpec) -> Run:
     around = install_faults(faults)   # kernel stand-ins into the ops table; step, save, op-set wrappers (29_resilience)
     if dev.type == "cpu": reuse_freed_memory()
     torch.manual_seed(spec.seed)
-    model = GPT(mcfg, kernels=around.ops(ops.OpSet(tcfg.kernels))).to(dev)   # the model runs its own op set
+    model = GPT(mcfg, kernels=tcfg.kernels).to(dev)   # the model runs its own op set
+    model.use_ops(around.ops(model.opset))   # NF_FAULT's op-set wrapper (29_resilience), the identity otherwise
+    if tcfg.compile: model.opset.load_kernels()   # before tracing the step: an import inside the graph breaks it
     if ck is not None:
         model.load_state_dict(ck["model"])  # consolidated (all the experts): before --ep gives each rank its own
     parallel = parallelize(model, world, tcfg.ep, spec.config, tcfg.fsdp)   # --ep: own experts; --fsdp: own rows
@@ -637,7 +637,7 @@ def _result(run: Run, clock: Clock, watchdog: Watchdog, warm_ns: list[int], stat
         "checkpoint": str(run.ck_path), "resume_checkpoint": str(run.rs_path),
         # kernels (kernel_fallbacks: given up at run time, op or module → why), compilation, faults
         "kernels": run.kernels, "backends": run.model.opset.table(run.dev),
-        "kernel_fallbacks": {**ops.load_failures(), **run.model.opset.fell_back},
+        "kernel_fallbacks": run.model.opset.fallbacks(),
         "compile": run.compile_info, "faults": asdict(run.around.faults) if run.around.faults else None,
         "ema": run.ema.report() if run.ema is not None else None,   # the weight average: updates, blend
         # data, device and precision (asked, why, Newton–Schulz's dtype, the CPU probe's numbers)
@@ -665,7 +665,7 @@ def _score(run: Run, model, res: dict, bar=None):
     dev = run.dev
     # the scorer's own ops (load_for_eval pins PyTorch's): the printed val_bpb is computed as the organisers compute it,
     # and no kernel runs at shapes training never used; fp32 unless eval_dtype='bf16' asks otherwise
-    with autocast(dev, tcfg.eval_dtype), model.using(ops.OpSet("torch")):
+    with autocast(dev, tcfg.eval_dtype), model.using("torch"):
         mine = [(x.to(dev), y.to(dev)) for x, y in vb[run.rank::world]]   # this rank's share
         sums = evaluate_sums(model, mine, run.token_bytes.to(dev), progress=EvalProgress(run.verbose, bar))
     if world > 1: dist.all_reduce(sums, group=run.ctrl)  # float64 sums on the host
@@ -763,7 +763,7 @@ def train(spec: RunSpec | str = "cpu-tiny", *args, callback=None, bar=None, **kw
         run.say(
             f"{spec.config}: {run.mcfg.n_params() / 1e6:.2f}M params, {run.tokens_per_step:,} tokens/step, "
             f"device {run.dev}{f' x {run.world} processes' if run.world > 1 else ''}, "
-            f"ops {ops.backend_spec(run.model.opset.table(run.dev), ', ')}, "
+            f"ops {run.model.opset.spec(run.dev)}, "
             f"{run.tcfg.optim}/{run.tcfg.schedule}, {run.precision.describe()}"
             f"{', compiled' if run.tcfg.compile else ''}, "
             f"{'%s budget %.0fs' % (mode, budget_s) if steps is None else '%d steps' % steps}"
