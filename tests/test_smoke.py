@@ -192,6 +192,8 @@ CALLS = {
     "neuronfrontier.run.clock": _clock,
     "neuronfrontier.research.core": _core,
     "neuronfrontier.engine.config": lambda data: importlib.import_module("neuronfrontier.engine.config").resolve("cpu-micro"),
+    "neuronfrontier.engine.settings": lambda data: importlib.import_module("neuronfrontier.engine.settings").settings_help(
+        importlib.import_module("neuronfrontier.engine.config").TrainConfig),
     "neuronfrontier.data.shards": lambda data: importlib.import_module("neuronfrontier.data.shards").load_tokenizer(data / "tokenizer"),
     "neuronfrontier.research.diagnostics": _diagnostics,
     "neuronfrontier.run.distributed": lambda data: importlib.import_module("neuronfrontier.run.distributed").agree_max([1, 2], 1),

@@ -42,7 +42,8 @@ def test_train_py_is_self_contained_and_generated(sub):
     # and config.resolve all kept
     heads = [l.split(" (")[0][2:] for l in src.splitlines() if l.startswith("# neuronfrontier.")]
     assert heads == [f"neuronfrontier.{m}" for m in (
-        "data.shards", "engine.config", "chip.neuron", "engine.precision", "ops", "engine.loss", "engine.moe",
+        "data.shards", "engine.settings", "engine.config", "chip.neuron", "engine.precision", "ops", "engine.loss",
+        "engine.moe",
         "engine.model", "hw", "engine.optim", "engine.phases", "run.resilience", "run.clock", "run.distributed",
         "data.evaluate", "engine.averaging", "data.batches", "run.checkpoint", "run.spikes", "run.trainer", "run.flags",
         "submission.entry")]
